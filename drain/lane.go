@@ -1,0 +1,664 @@
+// Package drain runs lanes: it moves messages from a Source into the lane's
+// bucket, departs them at the pacer's times as tasks on a Sink under a
+// per-task timeout, and settles each one with exactly one final verb — ack,
+// nak for redelivery, or dead letter then term (SPEC G4). It also keeps held
+// messages alive with in-progress acks (G7) and performs the graceful drain
+// on shutdown (SPEC §3, Drain): a soft stop that keeps departing at the
+// lane's rate, escalating to a hard stop that hands the rest back.
+package drain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/metrics"
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// Source feeds one lane. Implementations: sources.JetStream.
+//
+// Contract: Fetch asks the upstream for at most max messages and calls
+// deliver for each one, in upstream order, as it arrives, from the calling
+// goroutine; it returns when max messages arrived or when its own request
+// expires (a few seconds at most), with a non-nil error when the request
+// failed. Every message received from the upstream is passed to deliver —
+// none is dropped, also when ctx ends (ctx only stops the wait for more).
+// Fetch is called by one goroutine at a time.
+type Source interface {
+	Fetch(ctx context.Context, max int, deliver func(*shaper.Message)) error
+}
+
+// Sink delivers one message to the downstream. Implementations: the sinks
+// package. Send is called concurrently by up to max_in_flight tasks; it must
+// return when ctx ends (the task timeout). nil means delivered. A failure
+// is a *shaper.SinkError when the sink knows more (status, Retry-After);
+// errors.Is(err, shaper.ErrPermanent) marks a failure no retry can fix;
+// anything else is retryable.
+type Sink interface {
+	Send(ctx context.Context, m *shaper.Message) error
+}
+
+// Dead-letter header names (SPEC §3, Dead letter).
+const (
+	HeaderReason     = "Shaper-Reason"
+	HeaderDownstream = "Shaper-Downstream"
+	HeaderAttempts   = "Shaper-Attempts"
+	HeaderLastError  = "Shaper-Last-Error"
+	HeaderLastStatus = "Shaper-Last-Status"
+	HeaderStream     = "Shaper-Stream"
+	HeaderStreamSeq  = "Shaper-Stream-Seq"
+)
+
+// drainNakDelay is the delay of the naks that hand back a drain's leftovers.
+// A delayed nak is written to the consumer's store, unlike a plain nak, so
+// the handback survives a restart of the embedded server (NOTES.md; the
+// server's processNak stores the new pending timestamp only with a delay).
+const drainNakDelay = time.Millisecond
+
+// ackTimeout bounds the wait for an ack, nak or dead-letter publish.
+const ackTimeout = 5 * time.Second
+
+// Option configures a Lane.
+type Option interface{ apply(*Lane) }
+
+type optionFunc func(*Lane)
+
+func (f optionFunc) apply(l *Lane) { f(l) }
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(log *slog.Logger) Option {
+	return optionFunc(func(l *Lane) { l.log = log })
+}
+
+// WithMetrics sets the lane's metric series (default: a private registry).
+func WithMetrics(m *metrics.Lane) Option {
+	return optionFunc(func(l *Lane) { l.m = m })
+}
+
+// WithWaiter sets how the departure loop sleeps (default
+// shaper.NewPreciseWaiter(); use shaper.TimerWaiter{} under synctest).
+func WithWaiter(w shaper.Waiter) Option {
+	return optionFunc(func(l *Lane) { l.waiter = w })
+}
+
+// WithDeadLetter sets where dead letters are published, with a publish ack
+// (default: none, and a message that must be dead-lettered is nak'd instead,
+// so nothing is lost).
+func WithDeadLetter(s Sink) Option {
+	return optionFunc(func(l *Lane) { l.dead = s })
+}
+
+// Lane runs one downstream. Create it with New, start it with Start, stop it
+// with Drain. Its methods are safe for concurrent use.
+type Lane struct {
+	name   string
+	cfg    config.Lane
+	src    Source
+	sink   Sink
+	dead   Sink
+	log    *slog.Logger
+	m      *metrics.Lane
+	waiter shaper.Waiter
+
+	bucket *shaper.Bucket
+	slots  chan struct{} // semaphore of max_in_flight
+
+	mu       sync.Mutex
+	pacer    *shaper.Pacer
+	inflight map[*shaper.Message]struct{}
+	wake     chan struct{} // pacer changed (pause)
+
+	fetchStop  chan struct{} // closed: stop fetching
+	fetchDone  chan struct{} // closed when the fetch loop returned
+	departStop chan struct{} // closed: the departure loop must return now
+	departDone chan struct{}
+	houseStop  chan struct{}
+	houseDone  chan struct{}
+	tasks      sync.WaitGroup
+	started    atomic.Bool
+	draining   atomic.Bool
+
+	delivered, nacked, deadLettered atomic.Int64
+}
+
+// New returns a lane named name for cfg, reading from src and delivering to
+// sink. cfg must have passed config.Validate.
+func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*Lane, error) {
+	if src == nil || sink == nil {
+		return nil, fmt.Errorf("lane %q: source and sink are required", name)
+	}
+	l := &Lane{
+		name: name, cfg: cfg, src: src, sink: sink,
+		log:        slog.New(slog.DiscardHandler),
+		bucket:     shaper.NewBucket(cfg.Bucket.Capacity),
+		slots:      make(chan struct{}, max(1, cfg.Task.MaxInFlight)),
+		inflight:   map[*shaper.Message]struct{}{},
+		wake:       make(chan struct{}, 1),
+		fetchStop:  make(chan struct{}),
+		fetchDone:  make(chan struct{}),
+		departStop: make(chan struct{}),
+		departDone: make(chan struct{}),
+		houseStop:  make(chan struct{}),
+		houseDone:  make(chan struct{}),
+	}
+	for _, o := range opts {
+		o.apply(l)
+	}
+	if l.m == nil {
+		l.m = metrics.Discard(name)
+	}
+	if l.waiter == nil {
+		l.waiter = shaper.NewPreciseWaiter()
+	}
+	l.log = l.log.With("lane", name)
+	l.pacer = shaper.NewPacer(pacerConfig(cfg), time.Now())
+	l.m.BucketCapacity.Set(float64(l.bucket.Capacity()))
+	l.m.RateLimit.Set(l.pacer.Rate(time.Now()))
+	return l, nil
+}
+
+func pacerConfig(cfg config.Lane) shaper.PacerConfig {
+	return shaper.PacerConfig{
+		Limit:        cfg.Rate.Limit,
+		Slack:        cfg.Rate.Slack,
+		WarmupPeriod: cfg.Rate.Warmup.Period,
+		ColdFactor:   cfg.Rate.Warmup.ColdFactor,
+	}
+}
+
+// Name returns the lane's name.
+func (l *Lane) Name() string { return l.name }
+
+// Draining reports whether Drain has begun.
+func (l *Lane) Draining() bool { return l.draining.Load() }
+
+// Start starts the fetch loop, the departure loop and the housekeeping loop
+// (gauges and in-progress acks). It returns at once; call Drain to stop.
+func (l *Lane) Start() {
+	if !l.started.CompareAndSwap(false, true) {
+		return
+	}
+	l.mu.Lock()
+	l.pacer = shaper.NewPacer(pacerConfig(l.cfg), time.Now()) // cold at start
+	l.mu.Unlock()
+	go l.fetchLoop()
+	go l.departLoop()
+	go l.houseLoop()
+	l.log.Info("lane started", "limit", l.cfg.Rate.Limit.String(), "capacity", l.cfg.Bucket.Capacity,
+		"max_in_flight", l.cfg.Task.MaxInFlight, "overflow", l.cfg.Bucket.Overflow)
+}
+
+// Summary counts what happened to messages during a drain.
+type Summary struct {
+	Delivered    int64 // acked after the sink reported success
+	Nacked       int64 // handed back for redelivery (retries and leftovers)
+	DeadLettered int64
+	Leftovers    int // of Nacked: messages still in the bucket at the end
+}
+
+// Drain stops the lane gracefully (SPEC §3): it stops fetching, keeps
+// departing at the lane's rate until the bucket is empty or ctx ends (the
+// drain timeout, or a second signal), hands what is left back with a nak,
+// waits for running tasks to finish or time out, and returns what happened
+// meanwhile. It does not close the source's connection; the caller flushes
+// and closes it afterwards so that the acks reach the server.
+func (l *Lane) Drain(ctx context.Context) Summary {
+	d0, n0, x0 := l.delivered.Load(), l.nacked.Load(), l.deadLettered.Load()
+	if !l.started.Load() {
+		return Summary{}
+	}
+	if !l.draining.CompareAndSwap(false, true) {
+		return Summary{}
+	}
+	l.log.Info("lane draining", "bucket_depth", l.bucket.Len())
+	close(l.fetchStop)
+	<-l.fetchDone
+	select {
+	case <-l.departDone: // the bucket ran empty
+	case <-ctx.Done():
+	}
+	close(l.departStop)
+	<-l.departDone
+	left := 0
+	for {
+		m, _ := l.bucket.Pop()
+		if m == nil {
+			break
+		}
+		left++
+		l.nak(m, drainNakDelay, metrics.RetryDrain)
+	}
+	l.m.BucketDepth.Set(0)
+	l.tasks.Wait()
+	close(l.houseStop)
+	<-l.houseDone
+	s := Summary{
+		Delivered:    l.delivered.Load() - d0,
+		Nacked:       l.nacked.Load() - n0,
+		DeadLettered: l.deadLettered.Load() - x0,
+		Leftovers:    left,
+	}
+	l.log.Info("lane drained", "delivered", s.Delivered, "nacked", s.Nacked,
+		"dead_lettered", s.DeadLettered, "leftovers", left)
+	return s
+}
+
+// fetchLoop fills the bucket from the source. In overflow mode "block" it
+// fetches only into free slots (G6); in "reject" it keeps fetching and the
+// bucket refuses what does not fit.
+func (l *Lane) fetchLoop() {
+	defer close(l.fetchDone)
+	reject := l.cfg.Bucket.Overflow == "reject"
+	backoff := 100 * time.Millisecond
+	for {
+		select {
+		case <-l.fetchStop:
+			return
+		default:
+		}
+		want := l.bucket.Reserve(l.bucket.Capacity())
+		if reject {
+			l.bucket.Release(want)
+			want = min(l.bucket.Capacity(), 256)
+		}
+		if want == 0 {
+			select {
+			case <-l.fetchStop:
+				return
+			case <-l.bucket.Freed():
+			}
+			continue
+		}
+		got := 0
+		err := l.src.Fetch(context.Background(), want, func(m *shaper.Message) {
+			got++
+			l.admit(m, !reject)
+		})
+		if !reject {
+			l.bucket.Release(want - got)
+		}
+		if err != nil {
+			l.log.Warn("fetch failed", "err", err, "retry_in", backoff)
+			select {
+			case <-l.fetchStop:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+	}
+}
+
+// admit puts m into the bucket, or dead-letters it when it does not fit.
+func (l *Lane) admit(m *shaper.Message, reserved bool) {
+	if m.NumDelivered > 1 {
+		l.m.Redelivered.Inc()
+	}
+	now := time.Now()
+	l.mu.Lock()
+	rate := l.pacer.Rate(now)
+	l.mu.Unlock()
+	wasEmpty, err := l.bucket.Admit(m, now, reserved, rate, l.cfg.Bucket.MaxWait)
+	if err != nil {
+		reason := metrics.ReasonOverflow
+		if errors.Is(err, shaper.ErrMaxWait) {
+			reason = metrics.ReasonMaxWait
+		}
+		l.tasks.Add(1)
+		go func() {
+			defer l.tasks.Done()
+			l.deadLetter(m, reason, err, 0)
+		}()
+		return
+	}
+	l.m.Admitted.Inc()
+	l.m.BucketDepth.Set(float64(l.bucket.Len()))
+	if wasEmpty {
+		l.mu.Lock()
+		l.pacer.SetBusy(now, true)
+		l.mu.Unlock()
+	}
+}
+
+// departLoop releases messages from the bucket at the pacer's times.
+func (l *Lane) departLoop() {
+	defer close(l.departDone)
+	l.waiter.Bind()
+	defer l.waiter.Unbind()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-l.departStop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		// 1. A message at the head (expired ones go to the dead letter
+		// without taking a departure).
+		if !l.awaitHead(ctx) {
+			return
+		}
+		// 2. A free task slot (G5: at most max_in_flight at once).
+		select {
+		case l.slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		ready := time.Now()
+		now := ready
+		// 3. The pacer's time. A pause (Retry-After) wakes the wait.
+		for {
+			l.mu.Lock()
+			at := l.pacer.Next(now)
+			l.mu.Unlock()
+			if !at.After(now) {
+				break
+			}
+			if _, err := l.waiter.Wait(ctx, at, l.wake); err != nil {
+				<-l.slots
+				return
+			}
+			now = time.Now()
+		}
+		// 4. Departure.
+		m, empty := l.bucket.Pop()
+		if m == nil { // cannot happen: only this loop pops while running
+			<-l.slots
+			continue
+		}
+		l.mu.Lock()
+		l.pacer.Depart(ready, now)
+		if empty {
+			l.pacer.SetBusy(now, false)
+		}
+		l.inflight[m] = struct{}{}
+		l.mu.Unlock()
+		l.m.Departures.Inc()
+		l.m.QueueWait.Observe(now.Sub(m.Admitted).Seconds())
+		l.m.BucketDepth.Set(float64(l.bucket.Len()))
+		l.m.InFlight.Inc()
+		l.tasks.Add(1)
+		go l.runTask(m)
+	}
+}
+
+// awaitHead waits until the bucket has a deliverable message at its head,
+// dead-lettering expired ones (bucket.max_age). It returns false when the
+// loop must end: stopped, or draining with the bucket empty and fetching over.
+func (l *Lane) awaitHead(ctx context.Context) bool {
+	for {
+		if m := l.bucket.Peek(); m != nil {
+			if maxAge := l.cfg.Bucket.MaxAge; maxAge > 0 && time.Since(m.Admitted) > maxAge {
+				l.bucket.Pop()
+				l.tasks.Add(1)
+				go func() {
+					defer l.tasks.Done()
+					l.deadLetter(m, metrics.ReasonExpired, fmt.Errorf("waited longer than max_age %s", maxAge), 0)
+				}()
+				continue
+			}
+			return true
+		}
+		fetching := l.fetchDone
+		if l.draining.Load() {
+			select {
+			case <-l.fetchDone:
+				if l.bucket.Len() == 0 {
+					return false
+				}
+				continue
+			default:
+			}
+		} else {
+			fetching = nil
+		}
+		select {
+		case <-l.bucket.NonEmpty():
+		case <-fetching:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// runTask makes one delivery attempt under the task timeout and settles it.
+func (l *Lane) runTask(m *shaper.Message) {
+	defer func() {
+		l.mu.Lock()
+		delete(l.inflight, m)
+		l.mu.Unlock()
+		l.m.InFlight.Dec()
+		<-l.slots
+		l.tasks.Done()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.Task.Timeout)
+	start := time.Now()
+	err := l.sink.Send(ctx, m)
+	took := time.Since(start)
+	timedOut := err != nil && (errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil)
+	cancel()
+	switch {
+	case err == nil:
+		l.m.TaskDuration[metrics.OutcomeSuccess].Observe(took.Seconds())
+	case timedOut:
+		l.m.TaskDuration[metrics.OutcomeTimeout].Observe(took.Seconds())
+	default:
+		l.m.TaskDuration[metrics.OutcomeError].Observe(took.Seconds())
+	}
+	l.settle(m, err, timedOut)
+}
+
+// settle gives m its final verb for this attempt (SPEC §3, Retries).
+func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+		aerr := m.Acker.Ack(ctx)
+		cancel()
+		if aerr != nil {
+			// The downstream has it; the server will redeliver after ack
+			// wait and the idempotency key (G8) lets the downstream dedupe.
+			l.log.Warn("ack failed", "msg_id", m.Key(), "err", aerr)
+		}
+		l.delivered.Add(1)
+		l.m.Deliveries[metrics.OutcomeSuccess].Inc()
+		return
+	}
+	var se *shaper.SinkError
+	errors.As(err, &se)
+	status := 0
+	if se != nil {
+		status = se.Status
+	}
+	if errors.Is(err, shaper.ErrPermanent) {
+		l.m.Deliveries[metrics.OutcomeDeadLetter].Inc()
+		l.deadLetter(m, metrics.ReasonRejectedBySink, err, status)
+		return
+	}
+	if md := l.cfg.Source.MaxDeliver; md > 0 && m.NumDelivered >= uint64(md) {
+		l.m.Deliveries[metrics.OutcomeDeadLetter].Inc()
+		l.deadLetter(m, metrics.ReasonMaxDeliver, err, status)
+		return
+	}
+	delay := l.backoff(m.NumDelivered)
+	reason := metrics.OutcomeError
+	if timedOut {
+		reason = metrics.OutcomeTimeout
+	}
+	if se != nil && se.RetryAfter > 0 && l.cfg.Task.Retry.RetryAfter {
+		delay = se.RetryAfter
+		if md := l.cfg.Task.Retry.MaxDelay; md > 0 && delay > md {
+			delay = md
+		}
+		if se.Saturated {
+			// The downstream is saturated: pause the whole lane (SPEC §3).
+			reason = metrics.RetryRateLimited
+			l.Pause(time.Now().Add(delay))
+		}
+	}
+	l.log.Debug("attempt failed", "msg_id", m.Key(), "attempt", m.NumDelivered, "status", status, "err", err, "retry_in", delay)
+	l.m.Deliveries[metrics.OutcomeRetry].Inc()
+	l.nak(m, delay, reason)
+}
+
+// backoff returns the retry delay for delivery count n (SPEC §3: indexed by
+// delivery count, the last value repeats).
+func (l *Lane) backoff(n uint64) time.Duration {
+	b := l.cfg.Task.Retry.Backoff
+	if len(b) == 0 {
+		return time.Second
+	}
+	i := int(min(n, uint64(len(b)))) - 1
+	if i < 0 {
+		i = 0
+	}
+	return b[i]
+}
+
+// Pause holds the lane's departures until until (a downstream's Retry-After).
+func (l *Lane) Pause(until time.Time) {
+	l.mu.Lock()
+	extended := until.After(l.pacer.PausedUntil())
+	l.pacer.Pause(until)
+	l.mu.Unlock()
+	if extended {
+		l.log.Info("lane paused by downstream", "until", until.Format(time.RFC3339Nano))
+		l.m.Paused.Set(1)
+		l.m.RateLimit.Set(0)
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (l *Lane) nak(m *shaper.Message, delay time.Duration, reason string) {
+	if err := m.Acker.Nak(delay); err != nil {
+		l.log.Warn("nak failed", "msg_id", m.Key(), "err", err)
+	}
+	l.nacked.Add(1)
+	l.m.Retries[reason].Inc()
+}
+
+// deadLetter publishes m with its reason to the dead-letter subject and, once
+// the server acknowledged that publish, terminates the original (SPEC §3,
+// G4). When the publish fails the original is nak'd instead: nothing is lost.
+func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status int) {
+	if l.dead == nil {
+		l.log.Error("no dead-letter publisher; message handed back", "msg_id", m.Key(), "reason", reason)
+		l.nak(m, l.backoff(m.NumDelivered), metrics.OutcomeError)
+		return
+	}
+	h := make(map[string][]string, len(m.Header)+7)
+	for k, v := range m.Header {
+		h[k] = v
+	}
+	h[HeaderReason] = []string{reason}
+	h[HeaderDownstream] = []string{l.name}
+	h[HeaderAttempts] = []string{strconv.FormatUint(m.NumDelivered, 10)}
+	if cause != nil {
+		h[HeaderLastError] = []string{truncate(cause.Error(), 512)}
+	}
+	h[HeaderLastStatus] = []string{strconv.Itoa(status)}
+	h[HeaderStream] = []string{m.Stream}
+	h[HeaderStreamSeq] = []string{strconv.FormatUint(m.StreamSeq, 10)}
+	dm := *m
+	dm.Header = h
+	if _, ok := h[shaper.MsgIDHeader]; !ok {
+		h[shaper.MsgIDHeader] = []string{m.Key()}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+	err := l.dead.Send(ctx, &dm)
+	cancel()
+	if err != nil {
+		l.log.Error("dead-letter publish failed; message handed back", "msg_id", m.Key(), "reason", reason, "err", err)
+		l.nak(m, l.backoff(m.NumDelivered), metrics.OutcomeError)
+		return
+	}
+	if err := m.Acker.Term(reason); err != nil {
+		l.log.Warn("term failed after dead letter", "msg_id", m.Key(), "err", err)
+	}
+	l.deadLettered.Add(1)
+	l.m.DeadLetters[reason].Inc()
+	l.log.Info("dead-lettered", "msg_id", m.Key(), "reason", reason, "attempt", m.NumDelivered)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// houseLoop refreshes gauges and sends in-progress acks for every message the
+// lane holds, before the server's ack wait runs out (SPEC G7).
+func (l *Lane) houseLoop() {
+	defer close(l.houseDone)
+	ackWait := l.cfg.Source.AckWait
+	if ackWait <= 0 {
+		ackWait = 30 * time.Second
+	}
+	progressEvery := max(ackWait/4, 50*time.Millisecond)
+	gauge := time.NewTicker(250 * time.Millisecond)
+	defer gauge.Stop()
+	progress := time.NewTicker(progressEvery)
+	defer progress.Stop()
+	for {
+		select {
+		case <-l.houseStop:
+			return
+		case now := <-gauge.C:
+			now = time.Now()
+			l.mu.Lock()
+			rate := l.pacer.Rate(now)
+			paused := now.Before(l.pacer.PausedUntil())
+			l.mu.Unlock()
+			l.m.RateLimit.Set(rate)
+			if paused {
+				l.m.Paused.Set(1)
+			} else {
+				l.m.Paused.Set(0)
+			}
+			l.m.BucketDepth.Set(float64(l.bucket.Len()))
+		case <-progress.C:
+			l.touch(time.Now(), ackWait/2)
+		}
+	}
+}
+
+// touch sends InProgress for each held message last touched more than
+// threshold ago.
+func (l *Lane) touch(now time.Time, threshold time.Duration) {
+	var due []*shaper.Message
+	pick := func(m *shaper.Message) {
+		last := m.Received
+		if m.Touched.After(last) {
+			last = m.Touched
+		}
+		if now.Sub(last) >= threshold {
+			m.Touched = now
+			due = append(due, m)
+		}
+	}
+	l.bucket.Each(pick)
+	l.mu.Lock()
+	for m := range l.inflight {
+		pick(m)
+	}
+	l.mu.Unlock()
+	for _, m := range due {
+		if err := m.Acker.InProgress(); err != nil {
+			l.log.Debug("in-progress ack failed", "msg_id", m.Key(), "err", err)
+		}
+	}
+}

@@ -1,0 +1,111 @@
+// Package shaper holds the semantics of a lane: the message model, the bounded
+// bucket, the pacer (constant rate, slack, warmup, pauses) and the parsing of
+// rates. It performs no I/O: it imports no NATS, HTTP or Redis package, so every
+// rule here is testable as pure functions of time or under testing/synctest.
+package shaper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Acker is the set of acknowledgement verbs a source gives each message. The
+// verbs map one to one onto JetStream's (see nats.go jetstream.Msg): a lane
+// never invents states of its own. Implementations must be safe for use by
+// several goroutines; a verb after the message was already acknowledged returns
+// an error and has no effect.
+type Acker interface {
+	// Ack reports success. It waits for the server's confirmation (or for ctx).
+	Ack(ctx context.Context) error
+	// Nak asks for redelivery after delay (0 = at once). The delivery counter
+	// of the message increases when it comes back.
+	Nak(delay time.Duration) error
+	// InProgress resets the server's ack-wait timer of the message (SPEC G7).
+	InProgress() error
+	// Term tells the server never to redeliver the message. Lanes call it only
+	// after the message was dead-lettered (SPEC G4).
+	Term(reason string) error
+}
+
+// Message is one job held by a lane, from admission to its final verb.
+// Header follows the MIME convention of net/http and nats.Header (canonical
+// keys are not required; lookups are exact).
+type Message struct {
+	// Subject is the subject the job was published to.
+	Subject string
+	// Header holds the job's headers as published.
+	Header map[string][]string
+	// Data is the payload, passed to the sink unchanged.
+	Data []byte
+	// Stream and StreamSeq locate the message in JetStream.
+	Stream    string
+	StreamSeq uint64
+	// NumDelivered is the server's delivery count, 1 on the first delivery.
+	NumDelivered uint64
+	// Received is when the lane received the message from the server; the
+	// server's ack-wait timer started shortly before it (SPEC G7).
+	Received time.Time
+	// Admitted is when the bucket accepted the message (queue wait starts).
+	Admitted time.Time
+	// Touched is when the lane last sent an in-progress ack for the message;
+	// it is owned by the lane's housekeeping goroutine.
+	Touched time.Time
+	// Acker carries the acknowledgement verbs; nil only in tests of pure logic.
+	Acker Acker
+}
+
+// MsgIDHeader is the JetStream de-duplication header; when present it is the
+// idempotency key of the message (SPEC G8).
+const MsgIDHeader = "Nats-Msg-Id"
+
+// Key returns the idempotency key of m, stable across redeliveries (SPEC G8):
+// the Nats-Msg-Id header when present, else "<stream>:<stream sequence>".
+func (m *Message) Key() string {
+	if v := m.Header[MsgIDHeader]; len(v) > 0 && v[0] != "" {
+		return v[0]
+	}
+	return fmt.Sprintf("%s:%d", m.Stream, m.StreamSeq)
+}
+
+// ErrPermanent marks a sink failure that no retry can fix (for HTTP: a 4xx
+// other than 408 and 429, or a status not listed as retryable). The lane
+// dead-letters such a message at once with reason "rejected_by_sink".
+var ErrPermanent = errors.New("shaper: permanent sink failure")
+
+// SinkError describes a failed delivery attempt. Sinks return it (wrapped or
+// not) so the worker can choose between retry, pause and dead letter.
+type SinkError struct {
+	// Status is the downstream's status code (HTTP status), 0 when none.
+	Status int
+	// RetryAfter is the delay the downstream asked for (HTTP Retry-After),
+	// 0 when absent. It is already converted from seconds or an HTTP date.
+	RetryAfter time.Duration
+	// Saturated is true when the downstream said the whole service is busy
+	// (HTTP 429 or 503): with a RetryAfter the lane pauses all departures.
+	Saturated bool
+	// Permanent is true when retrying cannot help; errors.Is(err,
+	// ErrPermanent) then reports true.
+	Permanent bool
+	// Err is the underlying cause, if any.
+	Err error
+}
+
+// Error implements error. It never includes the payload.
+func (e *SinkError) Error() string {
+	msg := "sink failure"
+	if e.Status != 0 {
+		msg = fmt.Sprintf("sink answered status %d", e.Status)
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Unwrap returns the cause.
+func (e *SinkError) Unwrap() error { return e.Err }
+
+// Is reports ErrPermanent for permanent failures.
+func (e *SinkError) Is(target error) bool { return target == ErrPermanent && e.Permanent }

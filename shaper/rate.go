@@ -1,0 +1,59 @@
+package shaper
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Limit is a rate in messages per second. It is always positive and finite once
+// parsed by ParseLimit.
+type Limit float64
+
+// Interval returns the emission interval 1/l, the spacing between departures
+// at this rate.
+func (l Limit) Interval() time.Duration {
+	return time.Duration(float64(time.Second) / float64(l))
+}
+
+// String formats l as "N/s".
+func (l Limit) String() string {
+	return strconv.FormatFloat(float64(l), 'g', -1, 64) + "/s"
+}
+
+// ErrBadLimit is returned (wrapped) by ParseLimit.
+var ErrBadLimit = errors.New("shaper: bad rate")
+
+// ParseLimit parses a rate as SPEC §4 defines it: "N/s", "N/m", "N/h" or a plain
+// number of messages per second. N may have a fraction ("0.5/s"). The result
+// must be positive and finite; zero, negative, NaN, infinite and unknown units
+// ("10/fortnight") return an error wrapping ErrBadLimit.
+func ParseLimit(s string) (Limit, error) {
+	t := strings.TrimSpace(s)
+	num, unit, hasUnit := strings.Cut(t, "/")
+	per := 1.0
+	if hasUnit {
+		switch strings.TrimSpace(unit) {
+		case "s":
+			per = 1
+		case "m":
+			per = 60
+		case "h":
+			per = 3600
+		default:
+			return 0, fmt.Errorf("%w %q: unit must be /s, /m or /h", ErrBadLimit, s)
+		}
+	}
+	n, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w %q: want N/s, N/m, N/h or a number per second", ErrBadLimit, s)
+	}
+	v := n / per
+	if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
+		return 0, fmt.Errorf("%w %q: must be positive and finite", ErrBadLimit, s)
+	}
+	return Limit(v), nil
+}

@@ -1,0 +1,6 @@
+//go:build !linux
+
+package shaper
+
+// NewPreciseWaiter returns a TimerWaiter where clock_nanosleep is not used.
+func NewPreciseWaiter() Waiter { return TimerWaiter{} }

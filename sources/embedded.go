@@ -1,0 +1,50 @@
+package sources
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// StartEmbedded starts the in-process NATS server with JetStream that is the
+// product's default (nats.url ""). listen is host:port (port 0 picks a free
+// one: read it back with ClientURL); storeDir holds streams and consumer
+// state, so a restart of the process finds them again. It returns once the
+// server accepts connections, or an error after 10 s.
+func StartEmbedded(listen, storeDir string) (*server.Server, error) {
+	host, portStr, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("nats.embedded.listen %q: %w", listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("nats.embedded.listen %q: bad port", listen)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	opts := &server.Options{
+		ServerName:         "shaper-embedded",
+		Host:               host,
+		Port:               port,
+		JetStream:          true,
+		StoreDir:           storeDir,
+		NoSigs:             true,
+		NoLog:              true,
+		MaxPayload:         8 << 20,
+		JetStreamMaxMemory: 256 << 20,
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("embedded nats on %s: not ready after 10s", listen)
+	}
+	return s, nil
+}

@@ -1,0 +1,227 @@
+// Package sources holds the upstream edges of lanes: a JetStream durable pull
+// consumer (and the embedded NATS server that is the product's default). The
+// lane consumes them through drain.Source.
+package sources
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// FetchExpiry is how long one pull request waits for messages. It bounds how
+// long a drain waits for the fetch in progress, and how soon a lost pull
+// request (server restart, NOTES.md) is replaced by a new one.
+const FetchExpiry = time.Second
+
+// JetStreamConfig describes the stream and durable consumer of one lane.
+type JetStreamConfig struct {
+	// Stream is created with Subjects when it does not exist (file storage).
+	// An existing stream is used as it is.
+	Stream   string
+	Subjects []string
+	// Durable is the consumer name (shaper-<lane> by default in the config).
+	Durable string
+	// AckWait is the server's redelivery timeout of an unacknowledged message.
+	AckWait time.Duration
+	// MaxAckPending caps the messages the server hands out unacknowledged;
+	// 0 lets the server choose.
+	MaxAckPending int
+}
+
+// JetStream is a lane's source: a durable pull consumer with explicit acks
+// that fetches exactly as many messages as the lane asks for (SPEC §3,
+// overflow block). It is created or updated idempotently, and re-created when
+// the server lost it. MaxDeliver on the server is unlimited: the lane counts
+// deliveries itself and dead-letters at source.max_deliver, so that no
+// message is ever parked silently by the server.
+type JetStream struct {
+	js    jetstream.JetStream
+	cfg   JetStreamConfig
+	log   *slog.Logger
+	cons  atomic.Pointer[jetstream.Consumer]
+	bound atomic.Bool
+}
+
+// NewJetStream ensures the stream and the consumer exist and returns the
+// source. Errors: the stream cannot be created or read, or the consumer
+// cannot be created or updated (e.g. an existing consumer of another kind).
+func NewJetStream(ctx context.Context, js jetstream.JetStream, cfg JetStreamConfig, log *slog.Logger) (*JetStream, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &JetStream{js: js, cfg: cfg, log: log.With("stream", cfg.Stream, "consumer", cfg.Durable)}
+	if err := EnsureStream(ctx, js, cfg.Stream, cfg.Subjects); err != nil {
+		return nil, err
+	}
+	if err := s.bind(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// EnsureStream creates stream name capturing subjects, with file storage,
+// when it does not exist. An existing stream is left as it is.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, subjects []string) error {
+	_, err := js.Stream(ctx, name)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("stream %q: %w", name, err)
+	}
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:      name,
+		Subjects:  subjects,
+		Storage:   jetstream.FileStorage,
+		Retention: jetstream.LimitsPolicy,
+	})
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return fmt.Errorf("create stream %q: %w", name, err)
+	}
+	return nil
+}
+
+func (s *JetStream) bind(ctx context.Context) error {
+	cc := jetstream.ConsumerConfig{
+		Durable:       s.cfg.Durable,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       s.cfg.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: s.cfg.MaxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+	if len(s.cfg.Subjects) == 1 {
+		cc.FilterSubject = s.cfg.Subjects[0]
+	} else {
+		cc.FilterSubjects = s.cfg.Subjects
+	}
+	c, err := s.js.CreateOrUpdateConsumer(ctx, s.cfg.Stream, cc)
+	if err != nil {
+		s.bound.Store(false)
+		return fmt.Errorf("consumer %q on stream %q: %w", s.cfg.Durable, s.cfg.Stream, err)
+	}
+	s.cons.Store(&c)
+	s.bound.Store(true)
+	return nil
+}
+
+// Bound reports whether the consumer is bound: created, and the last pull
+// did not fail.
+func (s *JetStream) Bound() bool { return s.bound.Load() }
+
+// Fetch implements drain.Source: one pull request for up to max messages,
+// expiring after FetchExpiry. Every message received is passed to deliver.
+func (s *JetStream) Fetch(ctx context.Context, max int, deliver func(*shaper.Message)) error {
+	c := s.cons.Load()
+	if c == nil {
+		if err := s.bind(ctx); err != nil {
+			return err
+		}
+		c = s.cons.Load()
+	}
+	batch, err := (*c).Fetch(max, jetstream.FetchMaxWait(FetchExpiry))
+	if err != nil {
+		return s.fail(ctx, err)
+	}
+	for msg := range batch.Messages() {
+		m, err := convert(msg)
+		if err != nil {
+			// Cannot happen for a message from a pull consumer; keep it
+			// deliverable by the server rather than dropping it.
+			s.log.Error("message without JetStream metadata", "err", err)
+			_ = msg.Nak()
+			continue
+		}
+		deliver(m)
+	}
+	if err := batch.Error(); err != nil {
+		return s.fail(ctx, err)
+	}
+	s.bound.Store(true)
+	return nil
+}
+
+// fail marks the source unbound and re-creates the consumer when the server
+// lost it.
+func (s *JetStream) fail(ctx context.Context, err error) error {
+	s.bound.Store(false)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+		errors.Is(err, jetstream.ErrStreamNotFound) {
+		if err := EnsureStream(ctx, s.js, s.cfg.Stream, s.cfg.Subjects); err != nil {
+			return err
+		}
+		if berr := s.bind(ctx); berr != nil {
+			return berr
+		}
+	}
+	return err
+}
+
+func convert(msg jetstream.Msg) (*shaper.Message, error) {
+	md, err := msg.Metadata()
+	if err != nil {
+		return nil, err
+	}
+	return &shaper.Message{
+		Subject:      msg.Subject(),
+		Header:       msg.Headers(),
+		Data:         msg.Data(),
+		Stream:       md.Stream,
+		StreamSeq:    md.Sequence.Stream,
+		NumDelivered: md.NumDelivered,
+		Received:     time.Now(),
+		Acker:        acker{msg},
+	}, nil
+}
+
+// acker maps the lane's verbs onto JetStream's.
+type acker struct{ msg jetstream.Msg }
+
+// Ack is fire-and-forget (a DoubleAck per message caps a consumer near
+// 30k/s, NOTES.md); the daemon flushes the connection before it closes, so
+// the acks of a drain reach the server (case C19).
+func (a acker) Ack(context.Context) error { return a.msg.Ack() }
+
+func (a acker) Nak(delay time.Duration) error {
+	if delay <= 0 {
+		return a.msg.Nak()
+	}
+	return a.msg.NakWithDelay(delay)
+}
+
+func (a acker) InProgress() error { return a.msg.InProgress() }
+
+func (a acker) Term(reason string) error { return a.msg.TermWithReason(reason) }
+
+// Connect dials url with reconnects forever (a lane must outlive server
+// restarts, case C21), logging connection state changes.
+func Connect(url string, log *slog.Logger, opts ...nats.Option) (*nats.Conn, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	base := []nats.Option{
+		nats.Name("shaper"),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Warn("nats disconnected", "err", err)
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			log.Info("nats reconnected", "url", c.ConnectedUrlRedacted())
+		}),
+	}
+	nc, err := nats.Connect(url, append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nats: %w", err)
+	}
+	return nc, nil
+}
