@@ -410,22 +410,17 @@ func (l *Lane) awaitHead(ctx context.Context) bool {
 			}
 			return true
 		}
-		fetching := l.fetchDone
-		if l.draining.Load() {
-			select {
-			case <-l.fetchDone:
-				if l.bucket.Len() == 0 {
-					return false
-				}
-				continue
-			default:
+		select {
+		case <-l.fetchDone: // closes only when a drain stopped fetching
+			if l.bucket.Len() == 0 {
+				return false
 			}
-		} else {
-			fetching = nil
+			continue
+		default:
 		}
 		select {
 		case <-l.bucket.NonEmpty():
-		case <-fetching:
+		case <-l.fetchDone:
 		case <-ctx.Done():
 			return false
 		}

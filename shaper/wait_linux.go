@@ -9,16 +9,17 @@ import (
 )
 
 // coarseMargin is how long before the deadline the precise waiter leaves the
-// Go timer (cancellable, ~1 ms late) for clock_nanosleep (not cancellable,
+// Go timer (cancellable, ~1 ms late when idle, several ms on a busy machine)
+// for clock_nanosleep (not cancellable,
 // ~20–30 µs late with a 1 µs timer slack, NOTES.md).
-const coarseMargin = 2 * time.Millisecond
+const coarseMargin = 5 * time.Millisecond
 
 // maxEarly caps how early the precise waiter aims to absorb its wake-up
 // latency; the rest of the way it spins.
 const maxEarly = 100 * time.Microsecond
 
 // PreciseWaiter sleeps until an absolute instant with microsecond precision:
-// a Go timer until 2 ms before, then clock_nanosleep(CLOCK_MONOTONIC,
+// a Go timer until 5 ms before, then clock_nanosleep(CLOCK_MONOTONIC,
 // TIMER_ABSTIME) on the loop's locked OS thread with its timer slack set to
 // 1 µs, aimed early by the measured wake-up latency, and a short spin for the
 // remainder. Measured here it costs tens of microseconds of CPU per wake-up.

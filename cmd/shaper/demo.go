@@ -1,0 +1,369 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/spf13/cobra"
+
+	"github.com/shaper-dev/shaper/config"
+)
+
+// rigid is the demo's downstream (SPEC §5): it answers 429 to any request
+// that arrives sooner than 1/(1.1 × limit) after the previously accepted one,
+// the 10 % margin an operator leaves for network jitter. It records what it
+// saw, keyed by Idempotency-Key.
+type rigid struct {
+	minGap time.Duration
+
+	mu       sync.Mutex
+	last     time.Time
+	accepted map[string]int // key -> accepted count
+	rejected int
+	events   []rigidEvent
+	gaps     []time.Duration
+}
+
+type rigidEvent struct {
+	at       time.Time
+	accepted bool
+	wait     time.Duration // publish -> arrival
+}
+
+func newRigid(limit float64) *rigid {
+	return &rigid{minGap: time.Duration(float64(time.Second) / (1.1 * limit)), accepted: map[string]int{}}
+}
+
+func (r *rigid) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	now := time.Now()
+	var body struct {
+		Published int64 `json:"published_unix_nano"`
+	}
+	_ = json.NewDecoder(io.LimitReader(req.Body, 1<<16)).Decode(&body)
+	r.mu.Lock()
+	ok := r.last.IsZero() || now.Sub(r.last) >= r.minGap
+	if ok {
+		if !r.last.IsZero() {
+			r.gaps = append(r.gaps, now.Sub(r.last))
+		}
+		r.last = now
+		r.accepted[req.Header.Get("Idempotency-Key")]++
+	} else {
+		r.rejected++
+	}
+	r.events = append(r.events, rigidEvent{at: now, accepted: ok, wait: now.Sub(time.Unix(0, body.Published))})
+	r.mu.Unlock()
+	if !ok {
+		http.Error(w, "too soon", http.StatusTooManyRequests)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+type demoOptions struct {
+	limit          float64
+	burst          int
+	trickleRate    int
+	trickleFor     time.Duration
+	timeout        time.Duration
+	verbose        bool
+	maxInFlight    int
+	bucketCapacity int
+}
+
+func demoCmd(stdout, stderr io.Writer) *cobra.Command {
+	o := demoOptions{}
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Shape a flash-sale burst into a rigid downstream, self-contained",
+		Long: `demo starts an embedded NATS server, a built-in rigid HTTP downstream (it answers
+429 to any request sooner than 1/(1.1 × limit) after the previous accepted one) and
+one lane; publishes a flash-sale burst followed by a trickle; prints a per-second
+table and a summary. It exits 1 if any message was lost or rejected.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ok, err := runDemo(cmd.Context(), o, stdout, stderr)
+			if err != nil {
+				return &exitError{code: exitFailure, err: fmt.Errorf("demo: %w", err)}
+			}
+			if !ok {
+				return &exitError{code: exitFailure}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.Float64Var(&o.limit, "limit", 100, "lane rate, messages per second")
+	f.IntVar(&o.burst, "burst", 1000, "messages published at once at the start (the flash sale)")
+	f.IntVar(&o.trickleRate, "trickle-rate", 20, "messages per second published after the burst")
+	f.DurationVar(&o.trickleFor, "trickle-for", 10*time.Second, "how long the trickle lasts")
+	f.DurationVar(&o.timeout, "timeout", 50*time.Second, "give up waiting for deliveries after this")
+	f.IntVar(&o.maxInFlight, "max-in-flight", 8, "task.max_in_flight of the lane")
+	f.IntVar(&o.bucketCapacity, "capacity", 1000, "bucket.capacity of the lane")
+	f.BoolVarP(&o.verbose, "verbose", "v", false, "show the daemon's logs")
+	return cmd
+}
+
+const demoConfig = `
+nats:
+  url: ""
+  embedded: { listen: "127.0.0.1:0", store_dir: %q }
+admin: { listen: "127.0.0.1:0" }
+log: { level: info, format: text }
+shutdown: { drain_timeout: 10s }
+downstreams:
+  payments:
+    source: { stream: DEMO, subjects: [demo.payments.>], ack_wait: 60s, max_deliver: 5 }
+    bucket: { capacity: %d, overflow: block }
+    rate: { limit: %g }
+    task: { timeout: 5s, max_in_flight: %d, retry: { backoff: [1s, 5s, 30s] } }
+    sink: { kind: http, url: %q, method: POST, success_status: [2xx] }
+`
+
+func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (bool, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	dir, err := os.MkdirTemp("", "shaper-demo-")
+	if err != nil {
+		return false, err
+	}
+	defer os.RemoveAll(dir)
+
+	down := newRigid(o.limit)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return false, err
+	}
+	srv := &http.Server{Handler: down, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+
+	path := filepath.Join(dir, "demo.yaml")
+	body := fmt.Sprintf(demoConfig, filepath.Join(dir, "nats"), o.bucketCapacity, o.limit, o.maxInFlight, "http://"+ln.Addr().String()+"/callback")
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		return false, err
+	}
+	cfg, _, err := config.Load(path, nil)
+	if err != nil {
+		return false, err
+	}
+	logw := io.Discard
+	if o.verbose {
+		logw = stderr
+	}
+	log := newLogger(logw, "info", "text")
+	d := newDaemon(cfg, log)
+	if err := d.start(ctx); err != nil {
+		return false, err
+	}
+	drained := false
+	defer func() {
+		if !drained {
+			d.drain(context.Background())
+		}
+	}()
+
+	nc, err := nats.Connect(d.natsURL())
+	if err != nil {
+		return false, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return false, err
+	}
+	total := o.burst + int(float64(o.trickleRate)*o.trickleFor.Seconds())
+	fmt.Fprintf(stdout, "shaper demo: %d messages at once, then %d/s for %s, shaped to %g/s into a rigid downstream (429 if a request comes < %v after the previous one)\n\n",
+		o.burst, o.trickleRate, o.trickleFor, o.limit, down.minGap.Round(time.Microsecond))
+
+	var (
+		pubMu     sync.Mutex
+		published []time.Time
+		pubErr    error
+	)
+	publish := func(i int) {
+		now := time.Now()
+		data, _ := json.Marshal(map[string]any{"id": i, "published_unix_nano": now.UnixNano()})
+		msg := &nats.Msg{Subject: fmt.Sprintf("demo.payments.%d", i), Data: data, Header: nats.Header{}}
+		msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("order-%06d", i))
+		_, err := js.PublishMsg(ctx, msg)
+		pubMu.Lock()
+		if err != nil && pubErr == nil {
+			pubErr = err
+		}
+		published = append(published, now)
+		pubMu.Unlock()
+	}
+	start := time.Now()
+	go func() {
+		// The flash sale: the burst as fast as the server takes it.
+		futures := make([]jetstream.PubAckFuture, 0, o.burst)
+		for i := 0; i < o.burst; i++ {
+			data, _ := json.Marshal(map[string]any{"id": i, "published_unix_nano": time.Now().UnixNano()})
+			msg := &nats.Msg{Subject: fmt.Sprintf("demo.payments.%d", i), Data: data, Header: nats.Header{}}
+			msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("order-%06d", i))
+			f, err := js.PublishMsgAsync(msg)
+			pubMu.Lock()
+			if err != nil && pubErr == nil {
+				pubErr = err
+			}
+			published = append(published, time.Now())
+			pubMu.Unlock()
+			if err == nil {
+				futures = append(futures, f)
+			}
+		}
+		for _, f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				pubMu.Lock()
+				if pubErr == nil {
+					pubErr = err
+				}
+				pubMu.Unlock()
+			}
+		}
+		// Then the trickle.
+		if o.trickleRate > 0 {
+			every := time.Second / time.Duration(o.trickleRate)
+			n := int(float64(o.trickleRate) * o.trickleFor.Seconds())
+			for i := 0; i < n; i++ {
+				time.Sleep(time.Until(start.Add(time.Duration(i) * every)))
+				publish(o.burst + i)
+			}
+		}
+	}()
+
+	lane := d.m.Lane("payments")
+	gauge := func(g prometheus.Gauge) float64 {
+		var m dto.Metric
+		_ = g.Write(&m)
+		return m.GetGauge().GetValue()
+	}
+	fmt.Fprintf(stdout, "%6s %8s %9s %7s %6s %14s\n", "second", "arrived", "departed", "bucket", "429s", "p99 queue wait")
+	deadline := start.Add(o.timeout)
+	sec := 0
+	var rows int
+	for {
+		sec++
+		time.Sleep(time.Until(start.Add(time.Duration(sec) * time.Second)))
+		from, to := start.Add(time.Duration(sec-1)*time.Second), start.Add(time.Duration(sec)*time.Second)
+		pubMu.Lock()
+		arrived := countIn(published, from, to)
+		nPub := len(published)
+		pubMu.Unlock()
+		down.mu.Lock()
+		var departed, rejected int
+		var waits []time.Duration
+		for _, e := range down.events {
+			if !e.at.Before(from) && e.at.Before(to) {
+				departed++
+				if !e.accepted {
+					rejected++
+				}
+				waits = append(waits, e.wait)
+			}
+		}
+		unique := len(down.accepted)
+		down.mu.Unlock()
+		fmt.Fprintf(stdout, "%6d %8d %9d %7.0f %6d %14s\n", sec, arrived, departed, gauge(lane.BucketDepth), rejected, p99(waits))
+		rows++
+		if unique >= total && nPub >= total {
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(stdout, "timed out after %s\n", o.timeout)
+			break
+		}
+	}
+	elapsed := time.Since(start)
+
+	// Settle: wait for the acks to reach the server, then inspect the consumer.
+	var info *jetstream.ConsumerInfo
+	for i := 0; i < 50; i++ {
+		c, err := js.Consumer(ctx, "DEMO", cfg.Downstreams["payments"].Source.Consumer)
+		if err == nil {
+			info, err = c.Info(ctx)
+		}
+		if err == nil && info.NumAckPending == 0 && info.NumPending == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	sum := d.drain(context.Background())
+	drained = true
+
+	down.mu.Lock()
+	defer down.mu.Unlock()
+	dups, missing := 0, 0
+	for i := 0; i < total; i++ {
+		switch n := down.accepted[fmt.Sprintf("order-%06d", i)]; {
+		case n == 0:
+			missing++
+		case n > 1:
+			dups += n - 1
+		}
+	}
+	var allWaits []time.Duration
+	for _, e := range down.events {
+		allWaits = append(allWaits, e.wait)
+	}
+	sort.Slice(down.gaps, func(i, j int) bool { return down.gaps[i] < down.gaps[j] })
+	minGap := time.Duration(0)
+	if len(down.gaps) > 0 {
+		minGap = down.gaps[0]
+	}
+	fmt.Fprintf(stdout, "\nsummary: published %d, delivered %d distinct in %.1fs (%.1f/s), downstream 429s %d, duplicates %d, missing %d\n",
+		total, len(down.accepted), elapsed.Seconds(), float64(len(down.accepted))/elapsed.Seconds(), down.rejected, dups, missing)
+	fmt.Fprintf(stdout, "         smallest gap seen by the downstream %v (it rejects below %v); p99 queue wait %s\n",
+		minGap.Round(time.Microsecond), down.minGap.Round(time.Microsecond), p99(allWaits))
+	if info != nil {
+		fmt.Fprintf(stdout, "         consumer: %d pending, %d unacknowledged, %d redelivered; drain: %d delivered, %d handed back\n",
+			info.NumPending, info.NumAckPending, info.NumRedelivered, sum.Delivered, sum.Nacked)
+	}
+	ok := pubErr == nil && missing == 0 && down.rejected == 0 && info != nil && info.NumAckPending == 0 && info.NumPending == 0
+	if pubErr != nil {
+		fmt.Fprintf(stdout, "publish error: %v\n", pubErr)
+	}
+	if ok {
+		fmt.Fprintln(stdout, "result: OK — nothing lost, no request rejected by the downstream")
+	} else {
+		fmt.Fprintln(stdout, "result: FAILED — see the summary above")
+	}
+	return ok, nil
+}
+
+func countIn(ts []time.Time, from, to time.Time) int {
+	n := 0
+	for _, t := range ts {
+		if !t.Before(from) && t.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+func p99(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "-"
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	v := s[min(len(s)-1, int(float64(len(s))*0.99))]
+	return v.Round(time.Millisecond).String()
+}

@@ -1,0 +1,180 @@
+// Command shaper is the daemon: it pulls jobs from NATS JetStream into a
+// bounded bucket per downstream and releases them at a constant rate. This
+// package only wires the other packages together and handles signals.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shaper-dev/shaper/config"
+)
+
+// Exit codes (STYLE.md): 0 clean stop, 1 runtime failure, 2 bad usage or
+// invalid config.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// version is set with -ldflags "-X main.version=..." by release builds.
+var version = ""
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// exitError carries an exit code through cobra.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	root := &cobra.Command{
+		Use:           "shaper",
+		Short:         "Release JetStream jobs to rigid downstreams at a constant rate",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetArgs(args)
+	root.AddCommand(runCmd(stdout, stderr), validateCmd(stdout, stderr), demoCmd(stdout, stderr), versionCmd(stdout))
+	if err := root.Execute(); err != nil {
+		var ee *exitError
+		if errors.As(err, &ee) {
+			if ee.err != nil {
+				fmt.Fprintln(stderr, ee.err)
+			}
+			return ee.code
+		}
+		fmt.Fprintln(stderr, "shaper:", err)
+		return exitUsage
+	}
+	return exitOK
+}
+
+// load reads and validates the config, printing warnings; an invalid config
+// is an exitError with code 2 listing every problem.
+func load(cmd *cobra.Command, stderr io.Writer) (*config.Config, []config.Warning, error) {
+	path, _ := cmd.Flags().GetString("config")
+	cfg, warns, err := config.Load(path, cmd.Flags())
+	for _, w := range warns {
+		fmt.Fprintln(stderr, w.String())
+	}
+	if err != nil {
+		return nil, warns, &exitError{code: exitUsage, err: fmt.Errorf("invalid configuration:\n%w", err)}
+	}
+	return cfg, warns, nil
+}
+
+func addConfigFlag(cmd *cobra.Command) {
+	cmd.Flags().StringP("config", "c", "", "config file (default ./config.yaml)")
+}
+
+func validateCmd(stdout, stderr io.Writer) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "validate",
+		Short: "Check the configuration; exit 0 when valid, 2 when not",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, warns, err := load(cmd, stderr)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "configuration valid (%d warnings)\n", len(warns))
+			return nil
+		},
+	}
+	addConfigFlag(cmd)
+	return cmd
+}
+
+func newLogger(w io.Writer, level, format string) *slog.Logger {
+	var lv slog.Level
+	_ = lv.UnmarshalText([]byte(level))
+	opts := &slog.HandlerOptions{Level: lv}
+	if strings.EqualFold(format, "json") {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func runCmd(stdout, stderr io.Writer) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the daemon",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, _, err := load(cmd, stderr)
+			if err != nil {
+				return err
+			}
+			log := newLogger(stderr, cfg.Log.Level, cfg.Log.Format)
+			d := newDaemon(cfg, log)
+			d.stdout = stdout
+			return serve(d, log)
+		},
+	}
+	addConfigFlag(cmd)
+	return cmd
+}
+
+// serve starts d and runs it until SIGTERM or SIGINT, then drains: a second
+// signal skips to the nak-and-exit step (SPEC §3, Drain).
+func serve(d *daemon, log *slog.Logger) error {
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	if err := d.start(context.Background()); err != nil {
+		return &exitError{code: exitFailure, err: fmt.Errorf("shaper: start: %w", err)}
+	}
+	sig := <-sigs
+	log.Info("signal received: draining", "signal", sig.String(), "drain_timeout", d.cfg.Shutdown.DrainTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Shutdown.DrainTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case s := <-sigs:
+			log.Warn("second signal: handing the rest back now", "signal", s.String())
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	sum := d.drain(ctx)
+	log.Info("shaper stopped", "delivered", sum.Delivered, "nacked", sum.Nacked,
+		"dead_lettered", sum.DeadLettered, "handed_back", sum.Leftovers)
+	return nil
+}
+
+func versionCmd(stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run: func(*cobra.Command, []string) {
+			v := version
+			if v == "" {
+				if bi, ok := debug.ReadBuildInfo(); ok {
+					v = bi.Main.Version
+				}
+			}
+			if v == "" {
+				v = "(devel)"
+			}
+			fmt.Fprintln(stdout, "shaper", v)
+		},
+	}
+}

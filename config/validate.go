@@ -1,0 +1,634 @@
+package config
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Values of bucket.overflow (SPEC §3 Overflow).
+const (
+	// OverflowBlock fetches only into free slots; nothing is rejected.
+	OverflowBlock = "block"
+	// OverflowReject dead-letters a message that finds the bucket full or
+	// whose projected wait exceeds bucket.max_wait.
+	OverflowReject = "reject"
+)
+
+// Values of sink.kind.
+const (
+	SinkHTTP = "http" // POST (sink.method) to sink.url
+	SinkNATS = "nats" // publish to sink.subject with a JetStream ack
+	SinkLog  = "log"  // log each message; for trying shaper out
+)
+
+// laneNamePattern is the syntax of a lane name: it appears in metric labels,
+// consumer names, subjects and environment variable names.
+const laneNamePattern = "[a-z0-9_-]+"
+
+var laneNameRE = regexp.MustCompile("^" + laneNamePattern + "$")
+
+// Warning is a setting that is valid but probably not what the operator
+// wants, such as an ack_wait shorter than the worst-case wait of a message
+// (SPEC G7). Warnings never stop the daemon.
+type Warning struct {
+	// Key is the full key path, e.g. "downstreams.payments.source.ack_wait".
+	Key string
+	// Message says what is suspicious, with the numbers involved.
+	Message string
+}
+
+// String formats w as "<key path>: warning: <message>".
+func (w Warning) String() string { return w.Key + ": warning: " + w.Message }
+
+// FieldError is one problem of a configuration. Load and Validate return
+// every problem at once, each a *FieldError, joined with errors.Join.
+type FieldError struct {
+	// Key is the full key path, e.g. "downstreams.payments.rate.limit";
+	// list items are written "source.subjects[1]".
+	Key string
+	// Message says what is wrong and quotes the offending value, except the
+	// value of an ${ENV} reference, which is never shown.
+	Message string
+}
+
+// Error formats e as "<key path>: <what is wrong>".
+func (e *FieldError) Error() string { return e.Key + ": " + e.Message }
+
+// problems collects the FieldErrors of one load or validation.
+type problems struct {
+	list []*FieldError
+	seen map[FieldError]bool
+	// failed holds the keys whose value did not load (unknown, wrong type,
+	// bad ${ENV}); rules on them are skipped so a problem is reported once.
+	failed map[string]bool
+}
+
+func newProblems() *problems {
+	return &problems{seen: map[FieldError]bool{}, failed: map[string]bool{}}
+}
+
+// add records a problem with key.
+func (p *problems) add(key, format string, args ...any) {
+	fe := FieldError{Key: key, Message: fmt.Sprintf(format, args...)}
+	if p.seen[fe] {
+		return
+	}
+	p.seen[fe] = true
+	p.list = append(p.list, &fe)
+}
+
+// fail records a problem with key whose value could not be loaded.
+func (p *problems) fail(key, msg string) {
+	p.failed[key] = true
+	p.add(key, "%s", msg)
+}
+
+// skip reports whether a rule on key should be skipped because key, one of
+// its parents or one of its children failed to load.
+func (p *problems) skip(keys ...string) bool {
+	for _, key := range keys {
+		for f := range p.failed {
+			if f == key || strings.HasPrefix(key, f+".") || strings.HasPrefix(key, f+"[") ||
+				strings.HasPrefix(f, key+".") || strings.HasPrefix(f, key+"[") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// err returns the problems sorted by key (stable) and joined, or nil.
+func (p *problems) err() error {
+	if len(p.list) == 0 {
+		return nil
+	}
+	list := slices.Clone(p.list)
+	slices.SortStableFunc(list, func(a, b *FieldError) int { return cmp.Compare(a.Key, b.Key) })
+	errs := make([]error, len(list))
+	for i, fe := range list {
+		errs[i] = fe
+	}
+	return errors.Join(errs...)
+}
+
+// Validate checks a loaded configuration against the rules of SPEC §3–§4
+// and returns every problem at once: the error joins one [*FieldError] per
+// problem ("<key path>: <what is wrong>", with the offending value), or is
+// nil. Warnings (see [Warning]) are returned in both cases.
+//
+// Validate does not apply defaults: it expects a Config from [Load] (or one
+// filled in completely by hand). It is safe to call again on a Config, for
+// example by the daemon before applying a reloaded configuration.
+func Validate(c *Config) ([]Warning, error) {
+	p := newProblems()
+	if c == nil {
+		p.add("config", "missing")
+		return nil, p.err()
+	}
+	w := validate(c, p)
+	return w, p.err()
+}
+
+// validate adds the problems of c to p and returns the warnings.
+func validate(c *Config, p *problems) []Warning {
+	v := &validator{c: c, p: p}
+	v.global()
+	names := make([]string, 0, len(c.Downstreams))
+	for name := range c.Downstreams {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	if len(names) == 0 && !p.skip("downstreams") {
+		p.add("downstreams", "at least one lane is required")
+	}
+	for _, name := range names {
+		v.lane(name, c.Downstreams[name])
+	}
+	v.acrossLanes(names)
+	return v.warns
+}
+
+type validator struct {
+	c     *Config
+	p     *problems
+	warns []Warning
+}
+
+func (v *validator) warn(key, format string, args ...any) {
+	v.warns = append(v.warns, Warning{Key: key, Message: fmt.Sprintf(format, args...)})
+}
+
+// check adds a problem with key unless key failed to load or ok holds.
+func (v *validator) check(ok bool, key, format string, args ...any) {
+	if ok || v.p.skip(key) {
+		return
+	}
+	v.p.add(key, format, args...)
+}
+
+// show quotes the value of key for a message. A value expanded from ${ENV}
+// is shown as its reference, and passwords in URLs are masked.
+func (v *validator) show(key, value string) string {
+	if tmpl, ok := v.c.templates[key]; ok {
+		return strconv.Quote(tmpl) + " (expanded value not shown)"
+	}
+	return strconv.Quote(maskPassword(value))
+}
+
+func (v *validator) global() {
+	c := v.c
+	if c.NATS.URL != "" {
+		v.natsURL("nats.url", c.NATS.URL)
+	} else {
+		v.check(c.NATS.Embedded.StoreDir != "", "nats.embedded.store_dir",
+			"required when nats.url is empty (embedded server)")
+	}
+	v.listen("nats.embedded.listen", c.NATS.Embedded.Listen)
+	if c.Redis.Addr != "" {
+		v.redisAddr("redis.addr", c.Redis.Addr)
+	}
+	v.check(c.Redis.ReplicasHint >= 1, "redis.replicas_hint", "must be ≥ 1, got %d", c.Redis.ReplicasHint)
+	v.listen("admin.listen", c.Admin.Listen)
+	v.check(slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level), "log.level",
+		"must be debug, info, warn or error, got %q", c.Log.Level)
+	v.check(slices.Contains([]string{"text", "json"}, c.Log.Format), "log.format",
+		"must be text or json, got %q", c.Log.Format)
+	v.check(c.Shutdown.DrainTimeout > 0, "shutdown.drain_timeout", "must be > 0, got %s", c.Shutdown.DrainTimeout)
+}
+
+// natsURL checks a comma-separated list of NATS server URLs.
+func (v *validator) natsURL(key, value string) {
+	for _, s := range strings.Split(value, ",") {
+		u, err := url.Parse(strings.TrimSpace(s))
+		if err != nil {
+			v.check(false, key, "%s is not a valid URL", v.show(key, value))
+			return
+		}
+		if !slices.Contains([]string{"nats", "tls", "ws", "wss"}, u.Scheme) {
+			v.check(false, key, "%s: scheme must be nats, tls, ws or wss", v.show(key, value))
+			return
+		}
+		if u.Host == "" {
+			v.check(false, key, "%s has no host", v.show(key, value))
+			return
+		}
+	}
+}
+
+// redisAddr checks host:port or a redis:// or rediss:// URL.
+func (v *validator) redisAddr(key, value string) {
+	if strings.Contains(value, "://") {
+		u, err := url.Parse(value)
+		switch {
+		case err != nil:
+			v.check(false, key, "%s is not a valid URL", v.show(key, value))
+		case u.Scheme != "redis" && u.Scheme != "rediss":
+			v.check(false, key, "%s: scheme must be redis or rediss (or give host:port)", v.show(key, value))
+		case u.Host == "":
+			v.check(false, key, "%s has no host", v.show(key, value))
+		}
+		return
+	}
+	if why := badHostPort(value); why != "" {
+		v.check(false, key, "%s %s (e.g. 127.0.0.1:6379)", v.show(key, value), why)
+	}
+}
+
+// listen checks a listen address host:port (port 0 = any free port).
+func (v *validator) listen(key, value string) {
+	if why := badHostPort(value); why != "" {
+		v.check(false, key, "%q %s (e.g. 127.0.0.1:9464; port 0 = any free port)", value, why)
+	}
+}
+
+// badHostPort says why s is not host:port with a numeric port, or returns "".
+func badHostPort(s string) string {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return "is not host:port"
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return "has a port that is not a number 0-65535"
+	}
+	return ""
+}
+
+func (v *validator) lane(name string, l Lane) {
+	k := func(rel string) string { return "downstreams." + name + "." + rel }
+	nameOK := laneNameRE.MatchString(name)
+	v.check(nameOK, "downstreams."+name, "lane name must match %s, got %q", laneNamePattern, name)
+
+	// source
+	if l.Source.Stream == "" {
+		v.check(false, k("source.stream"), "required (a JetStream stream name, e.g. CALLBACKS)")
+	} else if why := badName(l.Source.Stream); why != "" {
+		v.check(false, k("source.stream"), "%q is not a valid stream name: %s", l.Source.Stream, why)
+	}
+	v.check(len(l.Source.Subjects) > 0, k("source.subjects"), "at least one subject is required")
+	for i, s := range l.Source.Subjects {
+		key := fmt.Sprintf("%s[%d]", k("source.subjects"), i)
+		if why := badSubject(s); why != "" {
+			v.check(false, key, "%q is not a valid subject: %s", s, why)
+			continue
+		}
+		for j, prev := range l.Source.Subjects[:i] {
+			if badSubject(prev) == "" && subjectsOverlap(s, prev) {
+				v.check(false, key, "%q overlaps %q (source.subjects[%d]): a consumer's filters must not overlap", s, prev, j)
+				break
+			}
+		}
+	}
+	if nameOK {
+		if why := badName(l.Source.Consumer); why != "" {
+			v.check(false, k("source.consumer"), "%q is not a valid consumer name: %s", l.Source.Consumer, why)
+		}
+	}
+	v.check(l.Source.AckWait > 0, k("source.ack_wait"), "must be > 0, got %s", l.Source.AckWait)
+	if l.Source.AckWait > 0 && l.Task.Timeout > 0 && !v.p.skip(k("task.timeout")) {
+		v.check(l.Source.AckWait > l.Task.Timeout, k("source.ack_wait"),
+			"must be longer than task.timeout (%s), got %s: a task would outlive its message's ack deadline",
+			l.Task.Timeout, l.Source.AckWait)
+	}
+	v.check(l.Source.MaxDeliver >= 1 || l.Source.MaxDeliver == -1, k("source.max_deliver"),
+		"must be ≥ 1, or -1 for unlimited, got %d", l.Source.MaxDeliver)
+	v.check(l.Source.MaxAckPending >= 0, k("source.max_ack_pending"),
+		"must be ≥ 0 (0 = derived from the bucket), got %d", l.Source.MaxAckPending)
+
+	// bucket
+	v.check(l.Bucket.Capacity >= 1, k("bucket.capacity"), "must be ≥ 1, got %d", l.Bucket.Capacity)
+	overflowOK := l.Bucket.Overflow == OverflowBlock || l.Bucket.Overflow == OverflowReject
+	v.check(overflowOK, k("bucket.overflow"), "must be block or reject, got %q", l.Bucket.Overflow)
+	v.check(l.Bucket.MaxWait >= 0, k("bucket.max_wait"), "must be ≥ 0 (0 = no limit), got %s", l.Bucket.MaxWait)
+	if l.Bucket.MaxWait > 0 && overflowOK && !v.p.skip(k("bucket.overflow")) {
+		v.check(l.Bucket.Overflow == OverflowReject, k("bucket.max_wait"),
+			"only applies with bucket.overflow reject (overflow is %q), got %s", l.Bucket.Overflow, l.Bucket.MaxWait)
+	}
+	v.check(l.Bucket.MaxAge >= 0, k("bucket.max_age"), "must be ≥ 0 (0 = no limit), got %s", l.Bucket.MaxAge)
+
+	// rate
+	limit := float64(l.Rate.Limit)
+	switch {
+	case limit == 0:
+		v.check(false, k("rate.limit"), "required (e.g. 100/s)")
+	case limit < 0 || math.IsNaN(limit) || math.IsInf(limit, 0):
+		v.check(false, k("rate.limit"), "must be positive and finite, got %v", limit)
+	}
+	v.check(l.Rate.Slack >= 0, k("rate.slack"), "must be ≥ 0, got %d", l.Rate.Slack)
+	v.check(l.Rate.Warmup.Period >= 0, k("rate.warmup.period"), "must be ≥ 0 (0s = no warmup), got %s", l.Rate.Warmup.Period)
+	cf := l.Rate.Warmup.ColdFactor
+	v.check(cf >= 1 && !math.IsInf(cf, 0), k("rate.warmup.cold_factor"), "must be ≥ 1 and finite, got %v", cf)
+	if l.Rate.Global && !v.p.skip("redis.addr") {
+		v.check(v.c.Redis.Addr != "", k("rate.global"), "true requires redis.addr (global rates are shared through Redis)")
+	}
+
+	// task
+	v.check(l.Task.Timeout > 0, k("task.timeout"), "must be > 0, got %s", l.Task.Timeout)
+	v.check(l.Task.MaxInFlight >= 1, k("task.max_in_flight"), "must be ≥ 1, got %d", l.Task.MaxInFlight)
+	v.check(len(l.Task.Retry.Backoff) > 0, k("task.retry.backoff"), "at least one delay is required")
+	for i, d := range l.Task.Retry.Backoff {
+		v.check(d > 0, fmt.Sprintf("%s[%d]", k("task.retry.backoff"), i), "must be > 0, got %s", d)
+	}
+	v.check(l.Task.Retry.MaxDelay > 0, k("task.retry.max_delay"), "must be > 0, got %s", l.Task.Retry.MaxDelay)
+
+	// dead letter
+	if nameOK {
+		if why := badPublishSubject(l.DeadLetter.Subject); why != "" {
+			v.check(false, k("dead_letter.subject"), "%q is not a valid subject: %s", l.DeadLetter.Subject, why)
+		}
+	}
+
+	v.sink(name, l)
+	v.ackWaitWarning(name, l)
+}
+
+func (v *validator) sink(name string, l Lane) {
+	k := func(rel string) string { return "downstreams." + name + ".sink." + rel }
+	s := l.Sink
+	switch s.Kind {
+	case SinkHTTP:
+		v.httpSink(name, s)
+	case SinkNATS:
+		if s.Subject == "" {
+			v.check(false, k("subject"), "required for sink kind nats")
+		} else if why := badPublishSubject(s.Subject); why != "" {
+			v.check(false, k("subject"), "%q is not a valid subject: %s", s.Subject, why)
+		} else {
+			for i, src := range l.Source.Subjects {
+				if badSubject(src) == "" && subjectsOverlap(s.Subject, src) {
+					v.check(false, k("subject"), "%q is matched by source.subjects[%d] %q of the same lane: messages would loop", s.Subject, i, src)
+					break
+				}
+			}
+		}
+	case SinkLog:
+	case "":
+		v.check(false, k("kind"), "required: http, nats or log")
+	default:
+		v.check(false, k("kind"), "must be http, nats or log, got %q", s.Kind)
+	}
+	if s.URL != "" && (s.Kind == SinkNATS || s.Kind == SinkLog) {
+		v.warn(k("url"), "ignored for sink kind %s", s.Kind)
+	}
+	if s.Subject != "" && (s.Kind == SinkHTTP || s.Kind == SinkLog) {
+		v.warn(k("subject"), "ignored for sink kind %s", s.Kind)
+	}
+}
+
+// reservedHeaders are set by the HTTP sink itself or by the HTTP client
+// (see sinks.HTTPConfig); canonical form.
+var reservedHeaders = []string{"Idempotency-Key", "X-Shaper-Subject", "X-Shaper-Delivery",
+	"Content-Length", "Transfer-Encoding", "Trailer", "Connection"}
+
+func (v *validator) httpSink(name string, s Sink) {
+	k := func(rel string) string { return "downstreams." + name + ".sink." + rel }
+	if s.URL == "" {
+		v.check(false, k("url"), "required for sink kind http (an http:// or https:// URL)")
+	} else if u, err := url.Parse(s.URL); err != nil {
+		v.check(false, k("url"), "%s is not a valid URL", v.show(k("url"), s.URL))
+	} else if u.Scheme == "" {
+		v.check(false, k("url"), "%s has no scheme: want an http:// or https:// URL", v.show(k("url"), s.URL))
+	} else if u.Scheme != "http" && u.Scheme != "https" {
+		v.check(false, k("url"), "%s: scheme must be http or https", v.show(k("url"), s.URL))
+	} else if u.Host == "" {
+		v.check(false, k("url"), "%s has no host", v.show(k("url"), s.URL))
+	}
+	v.check(isToken(s.Method), k("method"), "%q is not a valid HTTP method", s.Method)
+	v.check(len(s.SuccessStatus) > 0, k("success_status"), "at least one status is required (e.g. 2xx)")
+	for i, st := range s.SuccessStatus {
+		v.check(validStatusPattern(st), fmt.Sprintf("%s[%d]", k("success_status"), i),
+			"%q is not a status code 100-599 or a class 1xx-5xx", st)
+	}
+	for i, code := range s.RetryableStatus {
+		v.check(code >= 100 && code <= 599, fmt.Sprintf("%s[%d]", k("retryable_status"), i),
+			"must be a status code 100-599, got %d", code)
+	}
+	headers := make([]string, 0, len(s.Headers))
+	for h := range s.Headers {
+		headers = append(headers, h)
+	}
+	slices.Sort(headers)
+	for _, h := range headers {
+		key := k("headers." + h)
+		canon := http.CanonicalHeaderKey(h)
+		switch {
+		case !isToken(h):
+			v.check(false, key, "%q is not a valid header name", h)
+		case slices.Contains(reservedHeaders, canon) || strings.HasPrefix(canon, "X-Nats-"):
+			v.check(false, key, "%q is reserved: shaper or the HTTP client sets it", canon)
+		case !validHeaderValue(s.Headers[h]):
+			// Never quote the value: it may be a secret.
+			v.check(false, key, "value contains control characters")
+		}
+	}
+}
+
+// ackWaitWarning warns when ack_wait is shorter than the worst-case time a
+// message is held, capacity / rate + task.timeout, with the cold rate
+// limit / cold_factor when warmup is on (SPEC G7).
+func (v *validator) ackWaitWarning(name string, l Lane) {
+	k := func(rel string) string { return "downstreams." + name + "." + rel }
+	rate := float64(l.Rate.Limit)
+	if l.Source.AckWait <= 0 || l.Bucket.Capacity < 1 || l.Task.Timeout <= 0 ||
+		!(rate > 0) || math.IsInf(rate, 0) ||
+		v.p.skip(k("source.ack_wait"), k("bucket.capacity"), k("task.timeout"), k("rate.limit")) {
+		return
+	}
+	rateText := fmt.Sprintf("limit %s", formatRate(rate))
+	if cf := l.Rate.Warmup.ColdFactor; l.Rate.Warmup.Period > 0 && cf >= 1 && !math.IsInf(cf, 0) {
+		rate /= cf
+		rateText = fmt.Sprintf("cold rate %s (limit / cold_factor %v, warmup on)", formatRate(rate), cf)
+	}
+	wait := time.Duration(float64(l.Bucket.Capacity) / rate * float64(time.Second))
+	worst := (wait + l.Task.Timeout).Round(time.Millisecond)
+	if l.Source.AckWait >= worst {
+		return
+	}
+	v.warn(k("source.ack_wait"),
+		"%s is shorter than the worst-case wait %s (capacity %d / %s + task.timeout %s): "+
+			"held messages rely on in-progress acks to avoid redelivery (SPEC G7)",
+		l.Source.AckWait, worst, l.Bucket.Capacity, rateText, l.Task.Timeout)
+}
+
+func formatRate(perSecond float64) string {
+	return strconv.FormatFloat(perSecond, 'g', 4, 64) + "/s"
+}
+
+// acrossLanes checks the rules between lanes: a subject belongs to one lane,
+// a durable consumer to one lane, and dead letters are not consumed again.
+func (v *validator) acrossLanes(names []string) {
+	type owned struct {
+		lane, subject string
+		index         int
+	}
+	var seen []owned
+	consumers := map[string]string{} // stream + "\x00" + consumer -> lane
+	envNames := map[string]string{}  // SHAPER_DOWNSTREAMS_<LANE> -> lane
+	for _, name := range names {
+		l := v.c.Downstreams[name]
+		prefix := "downstreams." + name + "."
+		env := EnvName("downstreams." + name)
+		if other, dup := envNames[env]; dup {
+			v.check(false, "downstreams."+name, "lane name %q and lane %q share the environment variables %s_*", name, other, env)
+		}
+		envNames[env] = name
+		for i, s := range l.Source.Subjects {
+			if badSubject(s) != "" || v.p.skip(fmt.Sprintf("%ssource.subjects[%d]", prefix, i)) {
+				continue
+			}
+			key := fmt.Sprintf("%ssource.subjects[%d]", prefix, i)
+			for _, o := range seen {
+				if o.lane == name {
+					continue
+				}
+				if s == o.subject {
+					v.check(false, key, "%q is also listed by lane %q (source.subjects[%d]): a subject belongs to one lane", s, o.lane, o.index)
+					break
+				}
+				if subjectsOverlap(s, o.subject) {
+					v.check(false, key, "%q overlaps %q of lane %q (source.subjects[%d]): a subject belongs to one lane", s, o.subject, o.lane, o.index)
+					break
+				}
+			}
+			seen = append(seen, owned{lane: name, subject: s, index: i})
+		}
+		if l.Source.Stream != "" && l.Source.Consumer != "" {
+			id := l.Source.Stream + "\x00" + l.Source.Consumer
+			if other, dup := consumers[id]; dup {
+				v.check(false, prefix+"source.consumer", "%q is also the consumer of lane %q on stream %q", l.Source.Consumer, other, l.Source.Stream)
+			} else {
+				consumers[id] = name
+			}
+		}
+	}
+	for _, name := range names {
+		dl := v.c.Downstreams[name].DeadLetter.Subject
+		if badPublishSubject(dl) != "" {
+			continue
+		}
+		for _, o := range seen {
+			if subjectsOverlap(dl, o.subject) {
+				v.check(false, "downstreams."+name+".dead_letter.subject",
+					"%q is matched by source.subjects %q of lane %q: dead letters would be consumed again", dl, o.subject, o.lane)
+				break
+			}
+		}
+	}
+}
+
+// badName says why s is not a valid JetStream stream or consumer name, or
+// returns "".
+func badName(s string) string {
+	if s == "" {
+		return "empty"
+	}
+	for _, r := range s {
+		switch {
+		case r == '.' || r == '*' || r == '>' || r == '/' || r == '\\':
+			return fmt.Sprintf("must not contain %q", r)
+		case r <= ' ' || r == 0x7f:
+			return "must not contain spaces or control characters"
+		}
+	}
+	return ""
+}
+
+// badSubject says why s is not a valid NATS subject (wildcards allowed), or
+// returns "".
+func badSubject(s string) string {
+	if s == "" {
+		return "empty"
+	}
+	tokens := strings.Split(s, ".")
+	for i, t := range tokens {
+		switch {
+		case t == "":
+			return "empty token (leading, trailing or double '.')"
+		case strings.ContainsFunc(t, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+			return "must not contain spaces or control characters"
+		case t == ">" && i != len(tokens)-1:
+			return "'>' must be the last token"
+		}
+	}
+	return ""
+}
+
+// badPublishSubject says why s is not a subject one can publish to.
+func badPublishSubject(s string) string {
+	if why := badSubject(s); why != "" {
+		return why
+	}
+	for _, t := range strings.Split(s, ".") {
+		if t == "*" || t == ">" {
+			return "wildcards are not allowed here"
+		}
+	}
+	return ""
+}
+
+// subjectsOverlap reports whether some subject matches both valid subject
+// filters a and b.
+func subjectsOverlap(a, b string) bool {
+	at, bt := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; ; i++ {
+		if i == len(at) || i == len(bt) {
+			return len(at) == len(bt)
+		}
+		x, y := at[i], bt[i]
+		if x == ">" || y == ">" {
+			return true
+		}
+		if x != "*" && y != "*" && x != y {
+			return false
+		}
+	}
+}
+
+// validStatusPattern reports whether s is a status code 100-599 or a class
+// 1xx-5xx (x case-insensitive), as the HTTP sink accepts them.
+func validStatusPattern(s string) bool {
+	if len(s) != 3 || s[0] < '1' || s[0] > '5' {
+		return false
+	}
+	if strings.EqualFold(s[1:], "xx") {
+		return true
+	}
+	return isDigits(s)
+}
+
+// isToken reports whether s is an RFC 9110 token (header names, methods).
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue reports whether val has no control characters other
+// than horizontal tab (RFC 9110 §5.5).
+func validHeaderValue(val string) bool {
+	for i := 0; i < len(val); i++ {
+		if c := val[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
