@@ -45,6 +45,22 @@ type Sink interface {
 	Send(ctx context.Context, m *shaper.Message) error
 }
 
+// WireReporter is implemented by sinks that call the function of
+// shaper.WithWire when a request leaves for the downstream. For them, up to
+// 1,000/s, a departure waits until the previous request is on the wire, so
+// that requests reach the downstream in order and spaced as they departed —
+// for at most maxWireWait, so that a request stuck in the client (a dial
+// that hangs) does not hold the lane for long (G5). Only the write of a
+// request can hold the next departure, never the wait for its response.
+type WireReporter interface {
+	ReportsWire() bool
+}
+
+// maxWireWait bounds how long a departure waits for the previous request to
+// reach the wire (WireReporter). The first request on a new connection pays
+// the dial (measured up to ~15 ms on loopback here).
+const maxWireWait = 50 * time.Millisecond
+
 // Dead-letter header names (SPEC §3, Dead letter).
 const (
 	HeaderReason     = "Shaper-Reason"
@@ -113,7 +129,13 @@ type Lane struct {
 	mu       sync.Mutex
 	pacer    *shaper.Pacer
 	inflight map[*shaper.Message]struct{}
-	wake     chan struct{} // pacer changed (pause)
+	// unwired is the last departed message while its request is not yet on
+	// the wire (sinks that report it, see WireReporter), departedAt its
+	// departure time.
+	unwired     *shaper.Message
+	departedAt  time.Time
+	reportsWire bool
+	wake        chan struct{} // pacer changed (pause)
 
 	fetchStop  chan struct{} // closed: stop fetching
 	fetchDone  chan struct{} // closed when the fetch loop returned
@@ -158,6 +180,9 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 		l.waiter = shaper.NewPreciseWaiter()
 	}
 	l.log = l.log.With("lane", name)
+	if wr, ok := sink.(WireReporter); ok && wr.ReportsWire() {
+		l.reportsWire = true
+	}
 	l.pacer = shaper.NewPacer(pacerConfig(cfg), time.Now())
 	l.m.BucketCapacity.Set(float64(l.bucket.Capacity()))
 	l.m.RateLimit.Set(l.pacer.Rate(time.Now()))
@@ -361,6 +386,14 @@ func (l *Lane) departLoop() {
 		for {
 			l.mu.Lock()
 			at := l.pacer.Next(now)
+			if l.unwired != nil {
+				if rate := l.pacer.Rate(now); rate > 0 && rate <= 1000 {
+					bound := max(maxWireWait, time.Duration(float64(time.Second)/rate))
+					if w := l.departedAt.Add(bound); w.After(at) {
+						at = w
+					}
+				}
+			}
 			l.mu.Unlock()
 			if !at.After(now) {
 				break
@@ -383,6 +416,9 @@ func (l *Lane) departLoop() {
 			l.pacer.SetBusy(now, false)
 		}
 		l.inflight[m] = struct{}{}
+		if l.reportsWire {
+			l.unwired, l.departedAt = m, now
+		}
 		l.mu.Unlock()
 		l.m.Departures.Inc()
 		l.m.QueueWait.Observe(now.Sub(m.Admitted).Seconds())
@@ -432,12 +468,16 @@ func (l *Lane) runTask(m *shaper.Message) {
 	defer func() {
 		l.mu.Lock()
 		delete(l.inflight, m)
+		if l.unwired == m {
+			l.unwired = nil
+		}
 		l.mu.Unlock()
 		l.m.InFlight.Dec()
 		<-l.slots
 		l.tasks.Done()
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.Task.Timeout)
+	ctx = shaper.WithWire(ctx, func(t time.Time) { l.wired(m, t) })
 	start := time.Now()
 	err := l.sink.Send(ctx, m)
 	took := time.Since(start)
@@ -518,6 +558,24 @@ func (l *Lane) backoff(n uint64) time.Duration {
 		i = 0
 	}
 	return b[i]
+}
+
+// wired moves the pacer's spacing anchor to when m's request really left
+// (shaper.WithWire) and wakes the departure loop to re-read its time.
+func (l *Lane) wired(m *shaper.Message, t time.Time) {
+	l.mu.Lock()
+	moved := l.pacer.Wire(t)
+	if l.unwired == m {
+		l.unwired = nil
+		moved = true
+	}
+	l.mu.Unlock()
+	if moved {
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Pause holds the lane's departures until until (a downstream's Retry-After).

@@ -239,6 +239,18 @@ func (p *Pacer) Depart(ready, now time.Time) {
 	p.last = now
 }
 
+// Wire records that the previous departure actually reached the wire at t
+// (see WithWire). When t is later than the last departure it becomes the
+// anchor of the spacing floor, and Wire reports true: the next departure's
+// time may have moved.
+func (p *Pacer) Wire(t time.Time) bool {
+	if t.After(p.last) {
+		p.last = t
+		return true
+	}
+	return false
+}
+
 // Reset forgets the schedule (but not warmth or pauses): the next departure
 // may leave at once.
 func (p *Pacer) Reset() {

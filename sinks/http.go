@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"slices"
 	"strconv"
@@ -273,6 +274,10 @@ func NewHTTP(cfg HTTPConfig, opts ...Option) (*HTTP, error) {
 	return s, nil
 }
 
+// ReportsWire reports true: Send calls the function of shaper.WithWire when
+// the request has been written to the connection (drain.WireReporter).
+func (s *HTTP) ReportsWire() bool { return true }
+
 // Send delivers m as one request and classifies the response (see [HTTP]).
 // It returns nil on success, otherwise a *shaper.SinkError.
 func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
@@ -289,7 +294,18 @@ func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
 		// The key cannot travel as a header, and no redelivery changes it.
 		return &shaper.SinkError{Permanent: true, Err: fmt.Errorf("%s: idempotency key is not a valid HTTP header value", what)}
 	}
-	req, err := http.NewRequestWithContext(ctx, s.method, s.url, bytes.NewReader(m.Data))
+	rctx := ctx
+	if wire := shaper.WireFrom(ctx); wire != nil {
+		// Report when the request is on the wire (shaper.WithWire).
+		rctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+			WroteRequest: func(info httptrace.WroteRequestInfo) {
+				if info.Err == nil {
+					wire(time.Now())
+				}
+			},
+		})
+	}
+	req, err := http.NewRequestWithContext(rctx, s.method, s.url, bytes.NewReader(m.Data))
 	if err != nil {
 		return retryable(what, stripURL(err))
 	}

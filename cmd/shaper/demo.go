@@ -1,15 +1,17 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,17 +26,21 @@ import (
 
 // rigid is the demo's downstream (SPEC §5): it answers 429 to any request
 // that arrives sooner than 1/(1.1 × limit) after the previously accepted one,
-// the 10 % margin an operator leaves for network jitter. It records what it
-// saw, keyed by Idempotency-Key.
+// the 10 % margin an operator leaves for network jitter. It runs in a child
+// process (`shaper demo-downstream`), as a real downstream would: in the same
+// process it would share the Go scheduler with the lane and the embedded NATS
+// server, and its handler goroutines would be woken milliseconds late, which
+// measures our scheduler instead of the pacer. The child reports every
+// request on its stdout; the parent keeps the record here.
 type rigid struct {
 	minGap time.Duration
 
 	mu       sync.Mutex
-	last     time.Time
 	accepted map[string]int // key -> accepted count
 	rejected int
 	events   []rigidEvent
 	gaps     []time.Duration
+	last     time.Time
 }
 
 type rigidEvent struct {
@@ -43,34 +49,113 @@ type rigidEvent struct {
 	wait     time.Duration // publish -> arrival
 }
 
-func newRigid(limit float64) *rigid {
-	return &rigid{minGap: time.Duration(float64(time.Second) / (1.1 * limit)), accepted: map[string]int{}}
+func rigidGap(limit float64) time.Duration {
+	return time.Duration(float64(time.Second) / (1.1 * limit))
 }
 
-func (r *rigid) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	now := time.Now()
-	var body struct {
-		Published int64 `json:"published_unix_nano"`
-	}
-	_ = json.NewDecoder(io.LimitReader(req.Body, 1<<16)).Decode(&body)
+func newRigid(limit float64) *rigid {
+	return &rigid{minGap: rigidGap(limit), accepted: map[string]int{}}
+}
+
+// record adds one request reported by the child.
+func (r *rigid) record(at time.Time, ok bool, key string, published time.Time) {
 	r.mu.Lock()
-	ok := r.last.IsZero() || now.Sub(r.last) >= r.minGap
+	defer r.mu.Unlock()
 	if ok {
 		if !r.last.IsZero() {
-			r.gaps = append(r.gaps, now.Sub(r.last))
+			r.gaps = append(r.gaps, at.Sub(r.last))
 		}
-		r.last = now
-		r.accepted[req.Header.Get("Idempotency-Key")]++
+		r.last = at
+		r.accepted[key]++
 	} else {
 		r.rejected++
 	}
-	r.events = append(r.events, rigidEvent{at: now, accepted: ok, wait: now.Sub(time.Unix(0, body.Published))})
-	r.mu.Unlock()
-	if !ok {
-		http.Error(w, "too soon", http.StatusTooManyRequests)
-		return
+	r.events = append(r.events, rigidEvent{at: at, accepted: ok, wait: at.Sub(published)})
+}
+
+// startRigid starts the downstream child process and feeds r from its
+// reports. It returns the downstream's URL and a stop function.
+func startRigid(ctx context.Context, limit float64, r *rigid) (string, func(), error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", nil, err
 	}
-	w.WriteHeader(http.StatusNoContent)
+	cmd := exec.CommandContext(ctx, exe, "demo-downstream", "--limit", strconv.FormatFloat(limit, 'g', -1, 64))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe() // the child exits when this closes
+	if err != nil {
+		return "", nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	sc := bufio.NewScanner(out)
+	if !sc.Scan() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return "", nil, fmt.Errorf("downstream child did not start")
+	}
+	addr, _ := strings.CutPrefix(sc.Text(), "listening ")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) != 4 {
+				continue
+			}
+			at, _ := strconv.ParseInt(f[0], 10, 64)
+			pub, _ := strconv.ParseInt(f[3], 10, 64)
+			r.record(time.Unix(0, at), f[1] == "1", f[2], time.Unix(0, pub))
+		}
+	}()
+	stop := func() {
+		_ = stdin.Close()
+		<-done
+		_ = cmd.Wait()
+	}
+	return "http://" + addr + "/callback", stop, nil
+}
+
+// demoDownstreamCmd is the child process of the demo: the rigid downstream.
+func demoDownstreamCmd(stdout io.Writer) *cobra.Command {
+	var limit float64
+	cmd := &cobra.Command{
+		Use:    "demo-downstream",
+		Short:  "The demo's rigid downstream (started by shaper demo)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			ln, err := listenTimestamped("127.0.0.1:0")
+			if err != nil {
+				return err
+			}
+			var mu sync.Mutex
+			w := bufio.NewWriter(stdout)
+			fmt.Fprintf(w, "listening %s\n", ln.Addr())
+			w.Flush()
+			srv := &rigidServer{minGap: rigidGap(limit), report: func(at time.Time, ok bool, key string, published int64) {
+				flag := "0"
+				if ok {
+					flag = "1"
+				}
+				mu.Lock()
+				fmt.Fprintf(w, "%d %s %s %d\n", at.UnixNano(), flag, strings.ReplaceAll(key, " ", "_"), published)
+				w.Flush()
+				mu.Unlock()
+			}}
+			go srv.serve(ln)
+			defer ln.Close()
+			_, _ = io.Copy(io.Discard, os.Stdin) // until the parent closes stdin
+			return nil
+		},
+	}
+	cmd.Flags().Float64Var(&limit, "limit", 100, "the lane's rate; requests closer than 1/(1.1 × limit) get 429")
+	return cmd
 }
 
 type demoOptions struct {
@@ -144,16 +229,14 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (bool
 	defer os.RemoveAll(dir)
 
 	down := newRigid(o.limit)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	downURL, stopDown, err := startRigid(ctx, o.limit, down)
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("downstream: %w", err)
 	}
-	srv := &http.Server{Handler: down, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	defer srv.Close()
+	defer stopDown()
 
 	path := filepath.Join(dir, "demo.yaml")
-	body := fmt.Sprintf(demoConfig, filepath.Join(dir, "nats"), o.bucketCapacity, o.limit, o.maxInFlight, "http://"+ln.Addr().String()+"/callback")
+	body := fmt.Sprintf(demoConfig, filepath.Join(dir, "nats"), o.bucketCapacity, o.limit, o.maxInFlight, downURL)
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		return false, err
 	}

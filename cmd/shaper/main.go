@@ -51,7 +51,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
-	root.AddCommand(runCmd(stdout, stderr), validateCmd(stdout, stderr), demoCmd(stdout, stderr), versionCmd(stdout))
+	root.AddCommand(runCmd(stdout, stderr), validateCmd(stdout, stderr), demoCmd(stdout, stderr), demoDownstreamCmd(stdout), versionCmd(stdout))
 	if err := root.Execute(); err != nil {
 		var ee *exitError
 		if errors.As(err, &ee) {
