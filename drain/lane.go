@@ -329,10 +329,20 @@ func (l *Lane) admit(m *shaper.Message, reserved bool) {
 		l.m.Redelivered.Inc()
 	}
 	now := time.Now()
+	// Projected wait (reject mode): what is ahead at the ramp's rate, plus
+	// what is left of a pause.
 	l.mu.Lock()
-	rate := l.pacer.Rate(now)
+	rate := l.pacer.RampRate(now)
+	maxWait := l.cfg.Bucket.MaxWait
+	if paused := l.pacer.PausedUntil().Sub(now); maxWait > 0 && paused > 0 {
+		maxWait -= paused
+		if maxWait <= 0 {
+			maxWait = 1 // any wait exceeds it
+			rate = 0
+		}
+	}
 	l.mu.Unlock()
-	wasEmpty, err := l.bucket.Admit(m, now, reserved, rate, l.cfg.Bucket.MaxWait)
+	wasEmpty, err := l.bucket.Admit(m, now, reserved, rate, maxWait)
 	if err != nil {
 		reason := metrics.ReasonOverflow
 		if errors.Is(err, shaper.ErrMaxWait) {

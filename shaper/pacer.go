@@ -150,6 +150,10 @@ func (p *Pacer) Rate(now time.Time) float64 {
 	return p.rate(now)
 }
 
+// RampRate returns the rate at now ignoring any pause: the limit with the
+// warmup ramp applied, in messages per second.
+func (p *Pacer) RampRate(now time.Time) float64 { return p.rate(now) }
+
 func (p *Pacer) rate(now time.Time) float64 {
 	p.advanceWarmth(now)
 	if p.period == 0 {
