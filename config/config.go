@@ -112,6 +112,10 @@ type Source struct {
 	// ≥ 0; 0 (default) = capacity + max_in_flight (block) or 2×capacity
 	// (reject), see [Lane.EffectiveMaxAckPending].
 	MaxAckPending int `mapstructure:"max_ack_pending"`
+	// MaxMessageBytes dead-letters (reason "invalid") a message whose
+	// payload is larger, instead of sending it downstream. ≥ 0; 0 (default)
+	// = no limit.
+	MaxMessageBytes int `mapstructure:"max_message_bytes"`
 }
 
 // Bucket is the bounded FIFO of a lane.

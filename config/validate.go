@@ -303,6 +303,8 @@ func (v *validator) lane(name string, l Lane) {
 		"must be ≥ 1, or -1 for unlimited, got %d", l.Source.MaxDeliver)
 	v.check(l.Source.MaxAckPending >= 0, k("source.max_ack_pending"),
 		"must be ≥ 0 (0 = derived from the bucket), got %d", l.Source.MaxAckPending)
+	v.check(l.Source.MaxMessageBytes >= 0, k("source.max_message_bytes"),
+		"must be ≥ 0 (0 = no limit), got %d", l.Source.MaxMessageBytes)
 
 	// bucket
 	v.check(l.Bucket.Capacity >= 1, k("bucket.capacity"), "must be ≥ 1, got %d", l.Bucket.Capacity)

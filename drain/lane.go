@@ -328,6 +328,20 @@ func (l *Lane) admit(m *shaper.Message, reserved bool) {
 	if m.NumDelivered > 1 {
 		l.m.Redelivered.Inc()
 	}
+	if m.Invalid == "" && l.cfg.Source.MaxMessageBytes > 0 && len(m.Data) > l.cfg.Source.MaxMessageBytes {
+		m.Invalid = fmt.Sprintf("payload of %d bytes exceeds source.max_message_bytes %d", len(m.Data), l.cfg.Source.MaxMessageBytes)
+	}
+	if m.Invalid != "" {
+		if reserved {
+			l.bucket.Release(1)
+		}
+		l.tasks.Add(1)
+		go func() {
+			defer l.tasks.Done()
+			l.deadLetter(m, metrics.ReasonInvalid, errors.New(m.Invalid), 0)
+		}()
+		return
+	}
 	now := time.Now()
 	// Projected wait (reject mode): what is ahead at the ramp's rate, plus
 	// what is left of a pause.

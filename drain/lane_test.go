@@ -626,3 +626,195 @@ func TestLaneWarmupColdStart(t *testing.T) {
 		}
 	})
 }
+
+// TestLaneInvalidMessagesDeadLetter: a payload over source.max_message_bytes
+// is dead-lettered with reason "invalid", never sent downstream, and does
+// not hold a bucket slot.
+func TestLaneInvalidMessagesDeadLetter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink := &recSink{}
+		cfg := laneConfig(100)
+		cfg.Source.MaxMessageBytes = 5 // "msg-0".."msg-9" fit, "msg-10" does not
+		cfg.Bucket.Capacity = 4
+		h := newHarness(t, cfg, sink)
+		h.src.publish(12)
+		h.lane.Start()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		h.stop(time.Second)
+		if n := len(sink.snapshot()); n != 10 {
+			t.Errorf("%d delivered, want 10", n)
+		}
+		dl := h.dead.snapshot()
+		if len(dl) != 2 || dl[0].header[HeaderReason][0] != "invalid" {
+			t.Fatalf("dead letters %+v, want 2 invalid", dl)
+		}
+		if n := h.src.count("termed"); n != 2 {
+			t.Errorf("%d termed, want 2", n)
+		}
+	})
+}
+
+// TestCase_C07_WarmupUnderLowDemand: guava#3552 — at 10/s with a 0.5 s
+// warmup, demand of one message every 120 ms (8.3/s, below the limit) must
+// not be stuck at the cold rate. SPEC §3 defines warmth precisely (it rises
+// only while the bucket holds messages and cools while it is empty), so the
+// lane settles where the time spent waiting balances the time spent empty:
+// below the full rate but well above the cold rate, serving all the demand.
+// The case's "dispatched within 20 ms" does not hold under SPEC §3's rule
+// (SPEC wins): messages wait up to one interval at the equilibrium rate; we
+// assert the SPEC-consistent bound instead (≤ 120 ms, the arrival period).
+func TestCase_C07_WarmupUnderLowDemand(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink := &recSink{}
+		cfg := laneConfig(10)
+		cfg.Rate.Warmup = config.Warmup{Period: 500 * time.Millisecond, ColdFactor: 3}
+		cfg.Bucket.Capacity = 1
+		cfg.Bucket.Overflow = "reject"
+		h := newHarness(t, cfg, sink)
+		start := time.Now()
+		h.lane.Start()
+		published := map[string]time.Time{}
+		for i := range 100 {
+			time.Sleep(time.Until(start.Add(time.Duration(i) * 120 * time.Millisecond)))
+			published[fmt.Sprintf("msg-%d", i)] = time.Now()
+			h.src.publish(1)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		h.stop(time.Second)
+		late, in212 := 0, 0
+		var worst time.Duration
+		for _, c := range sink.snapshot() {
+			x := c.at.Sub(start)
+			if x >= 2*time.Second && x < 12*time.Second {
+				in212++
+			}
+			if published[c.id].Sub(start) >= 2*time.Second {
+				worst = max(worst, c.at.Sub(published[c.id]))
+				if c.at.Sub(published[c.id]) > 120*time.Millisecond {
+					late++
+				}
+			}
+		}
+		var overflowAfter2 int
+		for _, d := range h.dead.snapshot() {
+			if published[d.id].Sub(start) >= 2*time.Second {
+				overflowAfter2++
+			}
+		}
+		if overflowAfter2 != 0 {
+			t.Errorf("%d overflow rejections after t=2s, want 0", overflowAfter2)
+		}
+		if in212 < 80 {
+			t.Errorf("%d deliveries in [2,12), want ≥ 80", in212)
+		}
+		if late != 0 {
+			t.Errorf("%d messages waited more than 120ms after t=2 (worst %v)", late, worst)
+		}
+		t.Logf("worst dispatch delay after t=2: %v", worst)
+	})
+}
+
+// TestCase_C16_RetryAfterOnOneMessage: nats-server#4726 — a 503 with
+// Retry-After: 5 on one message must be retried no sooner than 5 s later
+// (not hammered by an immediate nak) and acked once it succeeds; a huge
+// Retry-After is capped by retry.max_delay. SPEC §3 decides that a 429/503
+// with Retry-After pauses the whole lane (the downstream said it is
+// saturated), so unlike the case the other messages do not keep ≥ 9/s while
+// the pause lasts; they resume at the rate after each pause (SPEC wins).
+func TestCase_C16_RetryAfterOnOneMessage(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		retryAfter time.Duration
+		maxDelay   time.Duration
+		wantGap    time.Duration
+	}{
+		{"delta-seconds", 5 * time.Second, 5 * time.Minute, 5 * time.Second},
+		{"capped", time.Hour, time.Minute, time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				start := time.Now()
+				sink := &recSink{behave: func(c call) (time.Duration, error) {
+					if c.id == "msg-7" && time.Since(start) < 20*time.Second {
+						return 0, &shaper.SinkError{Status: 503, RetryAfter: tc.retryAfter, Saturated: true}
+					}
+					return 0, nil
+				}}
+				cfg := laneConfig(10)
+				cfg.Source.MaxDeliver = 10
+				cfg.Task.Retry.MaxDelay = tc.maxDelay
+				h := newHarness(t, cfg, sink)
+				h.src.publish(50)
+				h.lane.Start()
+				time.Sleep(3 * time.Minute)
+				synctest.Wait()
+				h.stop(time.Second)
+				var att []time.Time
+				for _, c := range sink.snapshot() {
+					if c.id == "msg-7" {
+						att = append(att, c.at)
+					}
+				}
+				if len(att) > 5 {
+					t.Errorf("msg-7 attempted %d times, want ≤ 5", len(att))
+				}
+				for i := 1; i < len(att); i++ {
+					if g := att[i].Sub(att[i-1]); g < tc.wantGap {
+						t.Errorf("msg-7 attempt gap %v < %v", g, tc.wantGap)
+					}
+				}
+				if n := h.src.count("acked"); n != 50 {
+					t.Errorf("%d acked, want 50", n)
+				}
+				if w := maxInWindow(times(sink.snapshot()), time.Second); w > 11 {
+					t.Errorf("%d in a 1s window after a pause, bound 11", w)
+				}
+			})
+		})
+	}
+}
+
+// TestLaneRetryAfterEdges: a Retry-After in the past (0) falls back to the
+// backoff; one longer than ack wait is used as it is (the server holds a
+// nak'd message without ack wait); retry_after false ignores the header.
+func TestLaneRetryAfterEdges(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		retryAfter time.Duration
+		honour     bool
+		wantGap    time.Duration
+	}{
+		{"past date", 0, true, time.Second},
+		{"longer than ack wait", 90 * time.Second, true, 90 * time.Second},
+		{"ignored", 20 * time.Second, false, time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				sink := &recSink{behave: func(c call) (time.Duration, error) {
+					if c.attempt == 1 {
+						return 0, &shaper.SinkError{Status: 429, RetryAfter: tc.retryAfter, Saturated: true}
+					}
+					return 0, nil
+				}}
+				cfg := laneConfig(100)
+				cfg.Source.AckWait = 30 * time.Second
+				cfg.Task.Retry.RetryAfter = tc.honour
+				h := newHarness(t, cfg, sink)
+				h.src.publish(1)
+				h.lane.Start()
+				time.Sleep(2 * time.Minute)
+				synctest.Wait()
+				h.stop(time.Second)
+				cs := sink.snapshot()
+				if len(cs) != 2 {
+					t.Fatalf("%d attempts, want 2", len(cs))
+				}
+				if g := cs[1].at.Sub(cs[0].at); g != tc.wantGap {
+					t.Errorf("retry after %v, want %v", g, tc.wantGap)
+				}
+			})
+		})
+	}
+}

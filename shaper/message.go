@@ -49,6 +49,10 @@ type Message struct {
 	Received time.Time
 	// Admitted is when the bucket accepted the message (queue wait starts).
 	Admitted time.Time
+	// Invalid, when not empty, says why the source could not turn what it
+	// received into a deliverable message; the lane dead-letters it with
+	// reason "invalid" instead of admitting it.
+	Invalid string
 	// Touched is when the lane last sent an in-progress ack for the message;
 	// it is owned by the lane's housekeeping goroutine.
 	Touched time.Time

@@ -135,11 +135,10 @@ func (s *JetStream) Fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 	for msg := range batch.Messages() {
 		m, err := convert(msg)
 		if err != nil {
-			// Cannot happen for a message from a pull consumer; keep it
-			// deliverable by the server rather than dropping it.
-			s.log.Error("message without JetStream metadata", "err", err)
-			_ = msg.Nak()
-			continue
+			// Not a JetStream delivery we can account for: hand it to the
+			// lane as invalid, which dead-letters it with the reason.
+			m = &shaper.Message{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data(),
+				Received: time.Now(), Acker: acker{msg}, Invalid: "no JetStream metadata: " + err.Error()}
 		}
 		deliver(m)
 	}
@@ -213,7 +212,9 @@ func Connect(url string, log *slog.Logger, opts ...nats.Option) (*nats.Conn, err
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			log.Warn("nats disconnected", "err", err)
+			if err != nil { // nil: closed by us
+				log.Warn("nats disconnected", "err", err)
+			}
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
 			log.Info("nats reconnected", "url", c.ConnectedUrlRedacted())
