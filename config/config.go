@@ -51,11 +51,37 @@ type Embedded struct {
 	StoreDir string `mapstructure:"store_dir"`
 }
 
-// Redis configures the shared store of global rates ("" address = none).
+// Redis configures the shared store of global rates ("" address = none),
+// see docs/scaling.md.
 type Redis struct {
-	// Addr is host:port or a redis:// or rediss:// URL; may use ${ENV}.
+	// Addr is host:port or a redis:// or rediss:// URL, or a
+	// comma-separated list of them: several addresses (or Cluster true) mean
+	// a Redis Cluster, MasterName means Sentinel addresses. May use ${ENV}.
 	// Required by lanes with rate.global. Default "" (no Redis).
 	Addr string `mapstructure:"addr"`
+	// Username is the ACL user (Redis 6+); "" = default user. May use ${ENV}.
+	Username string `mapstructure:"username"`
+	// Password authenticates (AUTH); a secret: give it as a ${ENV}
+	// reference. Default "".
+	Password string `mapstructure:"password"`
+	// DB is the database index. ≥ 0, default 0; must be 0 for a cluster.
+	DB int `mapstructure:"db"`
+	// TLS connects with TLS (also implied by a rediss:// address).
+	// Default false.
+	TLS bool `mapstructure:"tls"`
+	// Cluster treats a single address as a Redis Cluster seed. Default
+	// false (several addresses are a cluster anyway).
+	Cluster bool `mapstructure:"cluster"`
+	// MasterName is the Sentinel master name; Addr then lists sentinels.
+	// Default "" (no Sentinel).
+	MasterName string `mapstructure:"master_name"`
+	// KeyPrefix starts every key shaper writes ("<prefix>:<lane>" inside a
+	// {hash tag}). No spaces, braces or control characters; default
+	// "shaper".
+	KeyPrefix string `mapstructure:"key_prefix"`
+	// Timeout bounds a dial and each call to Redis; past it the lane paces
+	// locally (fallback). > 0, default 50ms.
+	Timeout time.Duration `mapstructure:"timeout"`
 	// ReplicasHint is the number of replicas sharing global lanes; while
 	// Redis is unreachable each paces limit / ReplicasHint. ≥ 1, default 1.
 	ReplicasHint int `mapstructure:"replicas_hint"`

@@ -41,6 +41,12 @@ const (
 	DefaultReplicasHint     = 1                // redis.replicas_hint
 )
 
+// Defaults of the redis keys that SPEC §4 leaves to us (docs/scaling.md).
+const (
+	DefaultRedisKeyPrefix = "shaper"              // redis.key_prefix
+	DefaultRedisTimeout   = 50 * time.Millisecond // redis.timeout
+)
+
 // Defaults of SPEC §4 for every lane. rate.limit, source.stream,
 // source.subjects and sink.kind have none: they are required. Keys not
 // listed default to zero (max_ack_pending, max_wait, max_age, slack,
@@ -109,6 +115,8 @@ func topDefaults() map[string]any {
 		"log.format":              DefaultLogFormat,
 		"shutdown.drain_timeout":  DefaultDrainTimeout,
 		"redis.replicas_hint":     DefaultReplicasHint,
+		"redis.key_prefix":        DefaultRedisKeyPrefix,
+		"redis.timeout":           DefaultRedisTimeout,
 	}
 }
 
@@ -133,9 +141,10 @@ func topDefaults() map[string]any {
 // Keys are case-insensitive (lane names and header names are lower-cased).
 // Durations need a unit ("5s"; a bare number other than 0 is an error, never
 // nanoseconds); rates are "N/s", "N/m", "N/h" or a number per second
-// ([shaper.ParseLimit]). ${NAME} in nats.url, redis.addr, sink.url and
-// sink.headers values is replaced by the environment variable NAME; one
-// that is unset or empty is an error naming the key and the variable.
+// ([shaper.ParseLimit]). ${NAME} in nats.url, redis.addr, redis.username,
+// redis.password, sink.url and sink.headers values is replaced by the
+// environment variable NAME; one that is unset or empty is an error naming
+// the key and the variable.
 //
 // On success Load returns the config and the warnings of [Validate]. When the
 // configuration is invalid, the error joins (errors.Join) one [*FieldError]
@@ -692,6 +701,8 @@ func expandSecrets(p *problems, c *Config) {
 	}
 	expand("nats.url", &c.NATS.URL)
 	expand("redis.addr", &c.Redis.Addr)
+	expand("redis.username", &c.Redis.Username)
+	expand("redis.password", &c.Redis.Password)
 	for name, l := range c.Downstreams {
 		prefix := "downstreams." + name + ".sink."
 		expand(prefix+"url", &l.Sink.URL)
@@ -823,6 +834,12 @@ func (c *Config) Redacted() *Config {
 	r.templates = maps.Clone(c.templates)
 	r.NATS.URL = c.shownRaw("nats.url", c.NATS.URL)
 	r.Redis.Addr = c.shownRaw("redis.addr", c.Redis.Addr)
+	r.Redis.Username = c.shownRaw("redis.username", c.Redis.Username)
+	if tmpl, ok := c.templates["redis.password"]; ok {
+		r.Redis.Password = tmpl
+	} else if c.Redis.Password != "" {
+		r.Redis.Password = redactedValue
+	}
 	r.Downstreams = make(map[string]Lane, len(c.Downstreams))
 	for name, l := range c.Downstreams {
 		prefix := "downstreams." + name + ".sink."

@@ -194,10 +194,7 @@ func (v *validator) global() {
 			"required when nats.url is empty (embedded server)")
 	}
 	v.listen("nats.embedded.listen", c.NATS.Embedded.Listen)
-	if c.Redis.Addr != "" {
-		v.redisAddr("redis.addr", c.Redis.Addr)
-	}
-	v.check(c.Redis.ReplicasHint >= 1, "redis.replicas_hint", "must be ≥ 1, got %d", c.Redis.ReplicasHint)
+	v.redis()
 	v.listen("admin.listen", c.Admin.Listen)
 	v.check(slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level), "log.level",
 		"must be debug, info, warn or error, got %q", c.Log.Level)
@@ -222,6 +219,38 @@ func (v *validator) natsURL(key, value string) {
 			v.check(false, key, "%s has no host", v.show(key, value))
 			return
 		}
+	}
+}
+
+// redis checks the redis section (docs/scaling.md).
+func (v *validator) redis() {
+	r := v.c.Redis
+	if r.Addr != "" {
+		for _, a := range strings.Split(r.Addr, ",") {
+			v.redisAddr("redis.addr", strings.TrimSpace(a))
+		}
+	}
+	v.check(r.ReplicasHint >= 1, "redis.replicas_hint", "must be ≥ 1, got %d", r.ReplicasHint)
+	v.check(r.DB >= 0, "redis.db", "must be ≥ 0, got %d", r.DB)
+	if r.DB > 0 && r.MasterName == "" && (r.Cluster || strings.Contains(r.Addr, ",")) {
+		v.check(false, "redis.db", "must be 0 with a Redis Cluster (several addresses or redis.cluster true), got %d", r.DB)
+	}
+	v.check(r.Timeout > 0, "redis.timeout", "must be > 0, got %s", r.Timeout)
+	if r.Timeout > time.Second {
+		v.warn("redis.timeout", "%s is long: a departure of a global lane waits up to this long for Redis before the lane falls back to local pacing", r.Timeout)
+	}
+	switch {
+	case r.KeyPrefix == "":
+		v.check(false, "redis.key_prefix", "must not be empty (default %q)", DefaultRedisKeyPrefix)
+	case strings.ContainsAny(r.KeyPrefix, "{}") || strings.ContainsFunc(r.KeyPrefix, func(c rune) bool { return c <= ' ' || c == 0x7f }):
+		v.check(false, "redis.key_prefix", "%q must not contain braces (keys carry a {hash tag}), spaces or control characters", r.KeyPrefix)
+	}
+	global := false
+	for _, l := range v.c.Downstreams {
+		global = global || l.Rate.Global
+	}
+	if global && r.ReplicasHint == 1 && r.Addr != "" {
+		v.warn("redis.replicas_hint", "is 1 while lanes use rate.global: when Redis is unreachable every replica paces the full limit; set it to the number of replicas")
 	}
 }
 
@@ -326,6 +355,13 @@ func (v *validator) lane(name string, l Lane) {
 		v.check(false, k("rate.limit"), "must be positive and finite, got %v", limit)
 	}
 	v.check(l.Rate.Slack >= 0, k("rate.slack"), "must be ≥ 0, got %d", l.Rate.Slack)
+	if limit > 0 && !math.IsInf(limit, 0) && float64(l.Rate.Slack) > limit {
+		// Case C23: the burst adds to the rate; one larger than a second's
+		// worth of departures more than doubles what the downstream sees
+		// in a second after an idle spell.
+		v.warn(k("rate.slack"), "%d is more than the limit allows in one second (%s): after an idle spell "+
+			"the downstream may see slack + 1 departures at once, on top of the rate", l.Rate.Slack, formatRate(limit))
+	}
 	v.check(l.Rate.Warmup.Period >= 0, k("rate.warmup.period"), "must be ≥ 0 (0s = no warmup), got %s", l.Rate.Warmup.Period)
 	cf := l.Rate.Warmup.ColdFactor
 	v.check(cf >= 1 && !math.IsInf(cf, 0), k("rate.warmup.cold_factor"), "must be ≥ 1 and finite, got %v", cf)

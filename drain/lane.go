@@ -136,6 +136,7 @@ type Lane struct {
 	departedAt  time.Time
 	reportsWire bool
 	wake        chan struct{} // pacer changed (pause)
+	global      *globalState  // rate.global (WithGlobal); nil = local only
 
 	fetchStop  chan struct{} // closed: stop fetching
 	fetchDone  chan struct{} // closed when the fetch loop returned
@@ -419,6 +420,13 @@ func (l *Lane) departLoop() {
 				}
 			}
 			l.mu.Unlock()
+			if !at.After(now) && l.global != nil {
+				var ok bool // the shared schedule's slot (global.go)
+				if at, ok = l.globalAt(ctx, now); !ok {
+					<-l.slots
+					return
+				}
+			}
 			if !at.After(now) {
 				break
 			}
@@ -439,11 +447,15 @@ func (l *Lane) departLoop() {
 		if empty {
 			l.pacer.SetBusy(now, false)
 		}
+		m.Departed = now
 		l.inflight[m] = struct{}{}
 		if l.reportsWire {
 			l.unwired, l.departedAt = m, now
 		}
 		l.mu.Unlock()
+		if l.global != nil {
+			l.global.held = time.Time{} // the slot is used
+		}
 		l.m.Departures.Inc()
 		l.m.QueueWait.Observe(now.Sub(m.Admitted).Seconds())
 		l.m.BucketDepth.Set(float64(l.bucket.Len()))
@@ -459,12 +471,20 @@ func (l *Lane) departLoop() {
 func (l *Lane) awaitHead(ctx context.Context) bool {
 	for {
 		if m := l.bucket.Peek(); m != nil {
-			if maxAge := l.cfg.Bucket.MaxAge; maxAge > 0 && time.Since(m.Admitted) > maxAge {
-				l.bucket.Pop()
+			born := m.Published
+			if born.IsZero() {
+				born = m.Admitted
+			}
+			if maxAge := l.cfg.Bucket.MaxAge; maxAge > 0 && time.Since(born) > maxAge {
+				if _, empty := l.bucket.Pop(); empty {
+					l.mu.Lock()
+					l.pacer.SetBusy(time.Now(), false)
+					l.mu.Unlock()
+				}
 				l.tasks.Add(1)
 				go func() {
 					defer l.tasks.Done()
-					l.deadLetter(m, metrics.ReasonExpired, fmt.Errorf("waited longer than max_age %s", maxAge), 0)
+					l.deadLetter(m, metrics.ReasonExpired, fmt.Errorf("older than bucket.max_age %s at departure", maxAge), 0)
 				}()
 				continue
 			}
@@ -540,13 +560,19 @@ func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
 		status = se.Status
 	}
 	if errors.Is(err, shaper.ErrPermanent) {
-		l.m.Deliveries[metrics.OutcomeDeadLetter].Inc()
-		l.deadLetter(m, metrics.ReasonRejectedBySink, err, status)
+		if l.deadLetter(m, metrics.ReasonRejectedBySink, err, status) {
+			l.m.Deliveries[metrics.OutcomeDeadLetter].Inc()
+		} else {
+			l.m.Deliveries[metrics.OutcomeRetry].Inc()
+		}
 		return
 	}
 	if md := l.cfg.Source.MaxDeliver; md > 0 && m.NumDelivered >= uint64(md) {
-		l.m.Deliveries[metrics.OutcomeDeadLetter].Inc()
-		l.deadLetter(m, metrics.ReasonMaxDeliver, err, status)
+		if l.deadLetter(m, metrics.ReasonMaxDeliver, err, status) {
+			l.m.Deliveries[metrics.OutcomeDeadLetter].Inc()
+		} else {
+			l.m.Deliveries[metrics.OutcomeRetry].Inc()
+		}
 		return
 	}
 	delay := l.backoff(m.NumDelivered)
@@ -588,7 +614,7 @@ func (l *Lane) backoff(n uint64) time.Duration {
 // (shaper.WithWire) and wakes the departure loop to re-read its time.
 func (l *Lane) wired(m *shaper.Message, t time.Time) {
 	l.mu.Lock()
-	moved := l.pacer.Wire(t)
+	moved := l.pacer.Wire(m.Departed, t)
 	if l.unwired == m {
 		l.unwired = nil
 		moved = true
@@ -603,6 +629,8 @@ func (l *Lane) wired(m *shaper.Message, t time.Time) {
 }
 
 // Pause holds the lane's departures until until (a downstream's Retry-After).
+// A global lane also extends the shared pause, so that every replica
+// pauses (best effort: when the shared store fails, only this one does).
 func (l *Lane) Pause(until time.Time) {
 	l.mu.Lock()
 	extended := until.After(l.pacer.PausedUntil())
@@ -615,6 +643,9 @@ func (l *Lane) Pause(until time.Time) {
 		select {
 		case l.wake <- struct{}{}:
 		default:
+		}
+		if l.global != nil {
+			l.pauseGlobal(until) // every replica of the lane pauses
 		}
 	}
 }
@@ -630,11 +661,12 @@ func (l *Lane) nak(m *shaper.Message, delay time.Duration, reason string) {
 // deadLetter publishes m with its reason to the dead-letter subject and, once
 // the server acknowledged that publish, terminates the original (SPEC §3,
 // G4). When the publish fails the original is nak'd instead: nothing is lost.
-func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status int) {
+// It reports whether the message was dead-lettered.
+func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status int) bool {
 	if l.dead == nil {
 		l.log.Error("no dead-letter publisher; message handed back", "msg_id", m.Key(), "reason", reason)
 		l.nak(m, l.backoff(m.NumDelivered), metrics.OutcomeError)
-		return
+		return false
 	}
 	h := make(map[string][]string, len(m.Header)+7)
 	for k, v := range m.Header {
@@ -660,7 +692,7 @@ func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status 
 	if err != nil {
 		l.log.Error("dead-letter publish failed; message handed back", "msg_id", m.Key(), "reason", reason, "err", err)
 		l.nak(m, l.backoff(m.NumDelivered), metrics.OutcomeError)
-		return
+		return false
 	}
 	if err := m.Acker.Term(reason); err != nil {
 		l.log.Warn("term failed after dead letter", "msg_id", m.Key(), "err", err)
@@ -668,6 +700,7 @@ func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status 
 	l.deadLettered.Add(1)
 	l.m.DeadLetters[reason].Inc()
 	l.log.Info("dead-lettered", "msg_id", m.Key(), "reason", reason, "attempt", m.NumDelivered)
+	return true
 }
 
 func truncate(s string, n int) string {

@@ -44,11 +44,16 @@ type Message struct {
 	StreamSeq uint64
 	// NumDelivered is the server's delivery count, 1 on the first delivery.
 	NumDelivered uint64
+	// Published is when the stream stored the message (its JetStream
+	// timestamp); zero when unknown. bucket.max_age counts from it.
+	Published time.Time
 	// Received is when the lane received the message from the server; the
 	// server's ack-wait timer started shortly before it (SPEC G7).
 	Received time.Time
 	// Admitted is when the bucket accepted the message (queue wait starts).
 	Admitted time.Time
+	// Departed is when the message left the bucket (set by the lane).
+	Departed time.Time
 	// Invalid, when not empty, says why the source could not turn what it
 	// received into a deliverable message; the lane dead-letters it with
 	// reason "invalid" instead of admitting it.

@@ -49,6 +49,7 @@ type Pacer struct {
 	last time.Time // actual time of the previous departure; zero = none yet
 
 	pausedUntil time.Time
+	wireDelay   time.Duration // moving estimate of departure → wire
 
 	warmth   float64   // w in [0,1]
 	warmedAt time.Time // instant up to which warmth is integrated
@@ -243,13 +244,24 @@ func (p *Pacer) Depart(ready, now time.Time) {
 	p.last = now
 }
 
-// Wire records that the previous departure actually reached the wire at t
-// (see WithWire). When t is later than the last departure it becomes the
-// anchor of the spacing floor, and Wire reports true: the next departure's
-// time may have moved.
-func (p *Pacer) Wire(t time.Time) bool {
-	if t.After(p.last) {
-		p.last = t
+// Wire records that the departure which left at departed actually reached
+// the wire at wired (see WithWire). Every request pays the usual delay from
+// departure to wire (a goroutine and a write, ~0.1–0.3 ms) alike, so only the
+// extra over a moving estimate of that delay moves the anchor of the spacing
+// floor: a request that reached the wire late pushes the next departure back
+// by its lateness, and Wire reports true (the next departure's time moved).
+func (p *Pacer) Wire(departed, wired time.Time) bool {
+	d := max(wired.Sub(departed), 0)
+	usual := p.wireDelay
+	if usual == 0 {
+		usual = d
+	}
+	// Moving average with 1/8 weight, of samples clamped to twice the
+	// estimate so that one stuck request does not inflate it.
+	p.wireDelay = usual + (min(d, 2*usual+time.Microsecond)-usual)/8
+	anchor := wired.Add(-min(usual, d))
+	if anchor.After(p.last) {
+		p.last = anchor
 		return true
 	}
 	return false

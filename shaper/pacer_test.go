@@ -438,3 +438,32 @@ func TestWarmupCoolsWhenIdle(t *testing.T) {
 		t.Fatalf("warmth after a long idle %v, want 0 (fully cold)", w)
 	}
 }
+
+// TestPacerWireAnchor: the usual departure→wire delay costs no rate; a
+// request that reached the wire late moves the next departure back by its
+// lateness, so the downstream still sees ≥ 0.99 interval between requests.
+func TestPacerWireAnchor(t *testing.T) {
+	p := NewPacer(PacerConfig{Limit: 100}, t0)
+	now := t0
+	var wires []time.Time
+	for k := range 1000 {
+		at := p.Next(now)
+		p.Depart(now, at)
+		delay := 200 * time.Microsecond
+		if k == 500 {
+			delay = 3 * time.Millisecond // one request stuck in the client
+		}
+		p.Wire(at, at.Add(delay))
+		wires = append(wires, at.Add(delay))
+		now = at
+	}
+	span := wires[len(wires)-1].Sub(wires[0]).Seconds()
+	if rate := float64(len(wires)-1) / span; math.Abs(rate-100)/100 > 0.005 {
+		t.Errorf("rate at the wire %.3f/s, want within 0.5%% of 100", rate)
+	}
+	for i := 1; i < len(wires); i++ {
+		if g := wires[i].Sub(wires[i-1]); g < 9900*time.Microsecond {
+			t.Errorf("wire gap %d = %v < 0.99 interval", i, g)
+		}
+	}
+}

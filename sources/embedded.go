@@ -25,6 +25,14 @@ func StartEmbedded(listen, storeDir string) (*server.Server, error) {
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT
+	} else {
+		// Fail at once with the real reason when the port is taken (the
+		// server itself would only report "not ready" after the timeout).
+		ln, err := net.Listen("tcp", listen)
+		if err != nil {
+			return nil, fmt.Errorf("nats.embedded.listen %s: %w", listen, err)
+		}
+		ln.Close()
 	}
 	opts := &server.Options{
 		ServerName:         "shaper-embedded",

@@ -177,6 +177,7 @@ func convert(msg jetstream.Msg) (*shaper.Message, error) {
 		Stream:       md.Stream,
 		StreamSeq:    md.Sequence.Stream,
 		NumDelivered: md.NumDelivered,
+		Published:    md.Timestamp,
 		Received:     time.Now(),
 		Acker:        acker{msg},
 	}, nil

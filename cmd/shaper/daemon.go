@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +52,7 @@ type daemon struct {
 	lanes []*drain.Lane
 	srcs  []*sources.JetStream
 	sinks []interface{ Close() error }
+	redis *sources.RedisSlots // global rates; nil when no lane has rate.global
 
 	adminLn  net.Listener
 	admin    *http.Server
@@ -71,6 +73,10 @@ func (d *daemon) start(ctx context.Context) (err error) {
 			d.close()
 		}
 	}()
+	// Every series of every lane exists before /metrics answers (SPEC §6).
+	for name := range d.cfg.Downstreams {
+		d.m.Lane(name).BucketCapacity.Set(float64(d.cfg.Downstreams[name].Bucket.Capacity))
+	}
 	// Admin first, so /healthz answers and /readyz says "not yet".
 	if d.adminLn, err = net.Listen("tcp", d.cfg.Admin.Listen); err != nil {
 		return fmt.Errorf("admin.listen %s: %w", d.cfg.Admin.Listen, err)
@@ -106,10 +112,28 @@ func (d *daemon) start(ctx context.Context) (err error) {
 	if err := sources.EnsureStream(ctx, d.js, deadStream, []string{deadSubjects}); err != nil {
 		return fmt.Errorf("dead-letter stream: %w", err)
 	}
+	// A dead_letter.subject outside shaper.dead.> needs a stream of its own,
+	// or every dead letter would fail and be retried forever.
+	for name, lc := range d.cfg.Downstreams {
+		subj := lc.DeadLetter.Subject
+		if _, err := d.js.StreamNameBySubject(ctx, subj); err == nil {
+			continue
+		}
+		stream := "SHAPER_DEAD_" + strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(name))
+		if err := sources.EnsureStream(ctx, d.js, stream, []string{subj}); err != nil {
+			return fmt.Errorf("lane %q: dead-letter stream for %q: %w", name, subj, err)
+		}
+		d.log.Info("dead-letter stream created", "lane", name, "stream", stream, "subject", subj)
+	}
 
 	names := make([]string, 0, len(d.cfg.Downstreams))
 	for name := range d.cfg.Downstreams {
 		names = append(names, name)
+		if d.cfg.Downstreams[name].Rate.Global && d.redis == nil {
+			if err := d.startRedis(ctx); err != nil {
+				return err
+			}
+		}
 	}
 	sort.Strings(names)
 	for _, name := range names {
@@ -126,12 +150,16 @@ func (d *daemon) start(ctx context.Context) (err error) {
 		if err != nil {
 			return fmt.Errorf("lane %q: sink: %w", name, err)
 		}
-		lane, err := drain.New(name, lc, src, sink,
+		opts := []drain.Option{
 			drain.WithLogger(d.log),
 			drain.WithMetrics(d.m.Lane(name)),
 			drain.WithWaiter(d.waiter()),
 			drain.WithDeadLetter(sinks.NewNATS(d.js, lc.DeadLetter.Subject)),
-		)
+		}
+		if lc.Rate.Global {
+			opts = append(opts, drain.WithGlobal(d.redis.Lane(name, lc.Rate.Slack), d.cfg.Redis.ReplicasHint))
+		}
+		lane, err := drain.New(name, lc, src, sink, opts...)
 		if err != nil {
 			return err
 		}
@@ -142,6 +170,28 @@ func (d *daemon) start(ctx context.Context) (err error) {
 		l.Start()
 	}
 	d.log.Info("shaper ready", "lanes", len(d.lanes), "nats", url)
+	return nil
+}
+
+// startRedis creates the client of global rates (SPEC §3). Redis being
+// unreachable at start is not fatal: global lanes begin in the local
+// fallback and join the shared schedule when it answers.
+func (d *daemon) startRedis(ctx context.Context) error {
+	r, err := sources.NewRedisSlots(d.cfg.Redis, sources.WithRedisLogger(d.log))
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	d.redis = r
+	lctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	addr := d.cfg.Redacted().Redis.Addr
+	if err := r.Load(lctx); err != nil {
+		d.log.Warn("redis unreachable at start: global lanes pace locally at limit / replicas_hint until it answers",
+			"redis", addr, "err", err)
+		return nil
+	}
+	d.log.Info("global rates through redis", "redis", addr, "key_prefix", d.cfg.Redis.KeyPrefix,
+		"replicas_hint", d.cfg.Redis.ReplicasHint)
 	return nil
 }
 
@@ -223,6 +273,9 @@ func (d *daemon) drain(ctx context.Context) drain.Summary {
 func (d *daemon) close() {
 	for _, s := range d.sinks {
 		_ = s.Close()
+	}
+	if d.redis != nil {
+		_ = d.redis.Close()
 	}
 	if d.nc != nil {
 		if err := d.nc.FlushTimeout(5 * time.Second); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {

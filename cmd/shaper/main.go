@@ -80,8 +80,19 @@ func load(cmd *cobra.Command, stderr io.Writer) (*config.Config, []config.Warnin
 	return cfg, warns, nil
 }
 
-func addConfigFlag(cmd *cobra.Command) {
-	cmd.Flags().StringP("config", "c", "", "config file (default ./config.yaml)")
+// addConfigFlags adds -c/--config and the flags that override keys of the
+// file and the environment (SPEC §4: file, then SHAPER_* environment, then
+// flags). A flag's name is its key path.
+func addConfigFlags(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringP("config", "c", "", "config file (default ./config.yaml)")
+	f.String("nats.url", "", `NATS server URL ("" = embedded server)`)
+	f.String("nats.embedded.listen", "", "embedded NATS server address (port 0 = any free port)")
+	f.String("nats.embedded.store_dir", "", "embedded NATS JetStream storage directory")
+	f.String("admin.listen", "", "address of /metrics, /healthz, /readyz")
+	f.String("log.level", "", "debug|info|warn|error")
+	f.String("log.format", "", "text|json")
+	f.String("shutdown.drain_timeout", "", "how long the drain keeps departing after SIGTERM (e.g. 30s)")
 }
 
 func validateCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -98,7 +109,7 @@ func validateCmd(stdout, stderr io.Writer) *cobra.Command {
 			return nil
 		},
 	}
-	addConfigFlag(cmd)
+	addConfigFlags(cmd)
 	return cmd
 }
 
@@ -128,7 +139,7 @@ func runCmd(stdout, stderr io.Writer) *cobra.Command {
 			return serve(d, log)
 		},
 	}
-	addConfigFlag(cmd)
+	addConfigFlags(cmd)
 	return cmd
 }
 

@@ -2,18 +2,12 @@ package main
 
 import (
 	"bytes"
-	"context"
-	"encoding/binary"
 	"encoding/json"
-	"io"
 	"net"
 	"sort"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // rigidServer is the demo's downstream: a minimal HTTP/1.1 server (keep-alive,
@@ -54,21 +48,11 @@ func (s *rigidServer) judge(at time.Time) bool {
 	return true
 }
 
-// listenTimestamped listens with SO_TIMESTAMPNS already on, so accepted
-// connections inherit it and the first request of a fresh connection is
-// stamped when it arrived, not when the server got round to it.
-func listenTimestamped(addr string) (net.Listener, error) {
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1)
-		})
-		if err != nil {
-			return err
-		}
-		return serr
-	}}
-	return lc.Listen(context.Background(), "tcp", addr)
+// stampedReader reads a connection and tells when the last read's data
+// arrived.
+type stampedReader interface {
+	Read(p []byte) (int, error)
+	Last() time.Time
 }
 
 func (s *rigidServer) serve(ln net.Listener) {
@@ -81,55 +65,12 @@ func (s *rigidServer) serve(ln net.Listener) {
 	}
 }
 
-// tsReader reads from a TCP connection with recvmsg, keeping the kernel
-// receive timestamp of the last read.
-type tsReader struct {
-	raw interface {
-		Read(func(fd uintptr) bool) error
-	}
-	last time.Time
-	oob  []byte
-}
-
-func (r *tsReader) Read(p []byte) (int, error) {
-	var n, oobn int
-	var rerr error
-	err := r.raw.Read(func(fd uintptr) bool {
-		n, oobn, _, _, rerr = unix.Recvmsg(int(fd), p, r.oob, 0)
-		return rerr != unix.EAGAIN
-	})
-	if err != nil {
-		return 0, err
-	}
-	if rerr != nil {
-		return 0, rerr
-	}
-	if n == 0 {
-		return 0, io.EOF
-	}
-	r.last = time.Now()
-	if msgs, err := unix.ParseSocketControlMessage(r.oob[:oobn]); err == nil {
-		for _, m := range msgs {
-			if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SCM_TIMESTAMPNS && len(m.Data) >= 16 {
-				sec := int64(binary.NativeEndian.Uint64(m.Data[0:8]))
-				nsec := int64(binary.NativeEndian.Uint64(m.Data[8:16]))
-				r.last = time.Unix(sec, nsec)
-			}
-		}
-	}
-	return n, nil
-}
-
 func (s *rigidServer) conn(c *net.TCPConn) {
 	defer c.Close()
-	raw, err := c.SyscallConn()
+	r, err := newStampedReader(c)
 	if err != nil {
 		return
 	}
-	_ = raw.Control(func(fd uintptr) {
-		_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1)
-	})
-	r := &tsReader{raw: raw, oob: make([]byte, 128)}
 	var buf []byte
 	chunk := make([]byte, 64<<10)
 	var reqStart time.Time
@@ -142,7 +83,7 @@ func (s *rigidServer) conn(c *net.TCPConn) {
 				return
 			}
 			if len(buf) == 0 {
-				reqStart = r.last
+				reqStart = r.Last()
 			}
 			buf = append(buf, chunk[:n]...)
 			continue
@@ -184,7 +125,7 @@ func (s *rigidServer) conn(c *net.TCPConn) {
 		}
 		buf = append(buf[:0], buf[end+4+length:]...)
 		if len(buf) > 0 {
-			reqStart = r.last
+			reqStart = r.Last()
 		}
 	}
 }

@@ -1,0 +1,152 @@
+package drain
+
+import (
+	"context"
+	"time"
+
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// GlobalSchedule is the departure schedule a lane shares with the other
+// replicas serving the same downstream (SPEC §3 "Global rate",
+// docs/scaling.md). Implementation: sources.LaneSlots (Redis).
+//
+// Contract: the schedule is a GCRA over all replicas: slots are at least
+// one emission interval apart, idle time earns no more than the lane's
+// slack, and a pause set by any replica holds every replica's slots. Its
+// methods may be called concurrently (Reserve by the departure loop, Pause
+// by tasks) and must return within a bounded time (the store's timeout),
+// also when ctx has no deadline.
+type GlobalSchedule interface {
+	// Reserve takes the next shared departure slot for one departure of
+	// this lane at the given emission interval (the lane's current rate
+	// incl. warmup) and returns the local time at which it may leave. The
+	// time may be in the past by less than (slack + 0.9) intervals; a slot
+	// is used once and never given back. An error means the shared store
+	// failed (unreachable, timeout): the lane falls back to local pacing.
+	Reserve(ctx context.Context, interval time.Duration) (time.Time, error)
+	// Pause extends the shared pause of the lane until until (a 429/503
+	// Retry-After seen by any replica pauses all of them): no replica gets
+	// a slot before it.
+	Pause(ctx context.Context, until time.Time) error
+}
+
+// WithGlobal makes the lane take every departure's time from g as well as
+// from its own pacer (rate.global). While g fails, the lane paces locally
+// at limit / replicasHint (never the full limit), sets
+// shaper_global_limiter_fallback to 1, logs the transition once, asks g
+// again every globalProbeEvery and returns to it when it answers.
+func WithGlobal(g GlobalSchedule, replicasHint int) Option {
+	return optionFunc(func(l *Lane) {
+		if g != nil {
+			l.global = &globalState{g: g, hint: max(1, replicasHint)}
+		}
+	})
+}
+
+// globalProbeEvery is how often a lane in fallback asks the shared schedule
+// again (at a departure, not on every one).
+const globalProbeEvery = time.Second
+
+// globalReturnGrace is how long a lane back on the shared schedule keeps
+// its local pacer at limit / replicas_hint. Other replicas may still pace
+// locally for up to a probe interval after the store is back (plus up to a
+// second of go-redis's dial back-off), outside the shared schedule; were
+// this one to take the whole limit from the schedule meanwhile, the
+// downstream would see more than the limit.
+const globalReturnGrace = 2 * globalProbeEvery
+
+// globalPauseTimeout bounds the best-effort propagation of a pause.
+const globalPauseTimeout = time.Second
+
+// globalState is the departure loop's view of the shared schedule; only
+// that goroutine touches it (Pause reads g alone).
+type globalState struct {
+	g    GlobalSchedule
+	hint int
+
+	held      time.Time // slot reserved and not yet used; zero = none
+	fallback  bool      // the store failed: local pacing only
+	nextProbe time.Time // in fallback: when to ask the store again
+	reduced   bool      // the local pacer runs at limit / hint
+	fullAt    time.Time // back on the schedule: when the full limit returns
+}
+
+// globalAt is step 3 of departLoop for a global lane, called once the local
+// pacer lets a departure leave at now. It returns when the departure may
+// leave: the slot held or newly reserved, or, in fallback, the local
+// pacer's time. ok is false when ctx ended (the loop must stop).
+func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bool) {
+	g := l.global
+	l.mu.Lock()
+	rate := l.pacer.RampRate(now)
+	l.mu.Unlock()
+	if g.reduced {
+		rate *= float64(g.hint) // the shared schedule runs at the full limit
+	}
+	iv := time.Duration(float64(time.Second) / rate)
+	if !g.held.IsZero() {
+		if now.Sub(g.held) <= time.Duration((float64(l.cfg.Rate.Slack)+0.9)*float64(iv)) {
+			return g.held, true
+		}
+		g.held = time.Time{} // too late for it (a pause, a slow wire): not used, not given back
+	}
+	if g.fallback && now.Before(g.nextProbe) {
+		return now, true
+	}
+	slot, err := g.g.Reserve(ctx, iv)
+	if err != nil {
+		if ctx.Err() != nil {
+			return now, false
+		}
+		g.nextProbe = now.Add(globalProbeEvery)
+		if g.fallback {
+			return now, true
+		}
+		g.fallback = true
+		l.setReduced(true, now)
+		l.mu.Lock()
+		at = l.pacer.Next(now) // the reduced rate from this departure on
+		l.mu.Unlock()
+		l.m.Fallback.Set(1)
+		l.log.Warn("global rate unavailable: pacing locally at limit / replicas_hint",
+			"limit", (l.cfg.Rate.Limit / shaper.Limit(g.hint)).String(), "replicas_hint", g.hint, "err", err)
+		return at, true
+	}
+	if g.fallback {
+		g.fallback = false
+		g.fullAt = now.Add(globalReturnGrace)
+		l.m.Fallback.Set(0)
+		l.log.Info("global rate restored: pacing by the shared schedule", "limit", l.cfg.Rate.Limit.String(),
+			"full_limit_in", globalReturnGrace)
+	}
+	if g.reduced && !now.Before(g.fullAt) {
+		l.setReduced(false, now)
+	}
+	g.held = slot
+	return slot, true
+}
+
+// setReduced sets the local pacer's limit to limit / replicas_hint (the
+// fallback) or back to the limit.
+func (l *Lane) setReduced(reduced bool, now time.Time) {
+	l.global.reduced = reduced
+	cfg := pacerConfig(l.cfg)
+	if reduced {
+		cfg.Limit /= shaper.Limit(l.global.hint)
+	}
+	l.mu.Lock()
+	l.pacer.SetConfig(cfg, now)
+	l.m.RateLimit.Set(l.pacer.Rate(now))
+	l.mu.Unlock()
+}
+
+// pauseGlobal propagates a pause to the other replicas, best effort: when
+// the shared store fails, this replica's pause still holds.
+func (l *Lane) pauseGlobal(until time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), globalPauseTimeout)
+	defer cancel()
+	if err := l.global.g.Pause(ctx, until); err != nil {
+		l.log.Debug("shared pause not propagated", "until", until.Format(time.RFC3339Nano), "err", err)
+	}
+}
