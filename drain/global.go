@@ -86,7 +86,7 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 	}
 	iv := time.Duration(float64(time.Second) / rate)
 	if !g.held.IsZero() {
-		if now.Sub(g.held) <= time.Duration((float64(l.cfg.Rate.Slack)+0.9)*float64(iv)) {
+		if now.Sub(g.held) <= time.Duration((float64(l.conf().Rate.Slack)+0.9)*float64(iv)) {
 			return g.held, true
 		}
 		g.held = time.Time{} // too late for it (a pause, a slow wire): not used, not given back
@@ -110,14 +110,14 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 		l.mu.Unlock()
 		l.m.Fallback.Set(1)
 		l.log.Warn("global rate unavailable: pacing locally at limit / replicas_hint",
-			"limit", (l.cfg.Rate.Limit / shaper.Limit(g.hint)).String(), "replicas_hint", g.hint, "err", err)
+			"limit", (l.conf().Rate.Limit / shaper.Limit(g.hint)).String(), "replicas_hint", g.hint, "err", err)
 		return at, true
 	}
 	if g.fallback {
 		g.fallback = false
 		g.fullAt = now.Add(globalReturnGrace)
 		l.m.Fallback.Set(0)
-		l.log.Info("global rate restored: pacing by the shared schedule", "limit", l.cfg.Rate.Limit.String(),
+		l.log.Info("global rate restored: pacing by the shared schedule", "limit", l.conf().Rate.Limit.String(),
 			"full_limit_in", globalReturnGrace)
 	}
 	if g.reduced && !now.Before(g.fullAt) {
@@ -131,12 +131,18 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 // fallback) or back to the limit.
 func (l *Lane) setReduced(reduced bool, now time.Time) {
 	l.global.reduced = reduced
-	cfg := pacerConfig(l.cfg)
+	cfg := pacerConfig(*l.conf())
 	if reduced {
 		cfg.Limit /= shaper.Limit(l.global.hint)
 	}
 	l.mu.Lock()
 	l.pacer.SetConfig(cfg, now)
+	if reduced {
+		// The shared slots timed the departures so far; from the last one
+		// on, the local pacer alone keeps the reduced rate, with no credit
+		// for the lateness those slots made it see.
+		l.pacer.Rebase(now)
+	}
 	l.m.RateLimit.Set(l.pacer.Rate(now))
 	l.mu.Unlock()
 }

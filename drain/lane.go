@@ -115,16 +115,16 @@ func WithDeadLetter(s Sink) Option {
 // with Drain. Its methods are safe for concurrent use.
 type Lane struct {
 	name   string
-	cfg    config.Lane
+	cfgp   atomic.Pointer[config.Lane] // replaced by Update (hot reload)
 	src    Source
-	sink   Sink
+	sinkp  atomic.Pointer[sinkBox] // replaced by SetSink (hot reload)
 	dead   Sink
 	log    *slog.Logger
 	m      *metrics.Lane
 	waiter shaper.Waiter
 
 	bucket *shaper.Bucket
-	slots  chan struct{} // semaphore of max_in_flight
+	slots  *semaphore // max_in_flight
 
 	mu       sync.Mutex
 	pacer    *shaper.Pacer
@@ -158,10 +158,10 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 		return nil, fmt.Errorf("lane %q: source and sink are required", name)
 	}
 	l := &Lane{
-		name: name, cfg: cfg, src: src, sink: sink,
+		name: name, src: src,
 		log:        slog.New(slog.DiscardHandler),
 		bucket:     shaper.NewBucket(cfg.Bucket.Capacity),
-		slots:      make(chan struct{}, max(1, cfg.Task.MaxInFlight)),
+		slots:      newSemaphore(cfg.Task.MaxInFlight),
 		inflight:   map[*shaper.Message]struct{}{},
 		wake:       make(chan struct{}, 1),
 		fetchStop:  make(chan struct{}),
@@ -171,6 +171,8 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 		houseStop:  make(chan struct{}),
 		houseDone:  make(chan struct{}),
 	}
+	l.cfgp.Store(&cfg)
+	l.sinkp.Store(&sinkBox{sink})
 	for _, o := range opts {
 		o.apply(l)
 	}
@@ -182,7 +184,7 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 	}
 	l.log = l.log.With("lane", name)
 	if wr, ok := sink.(WireReporter); ok && wr.ReportsWire() {
-		l.reportsWire = true
+		l.reportsWire = true // a replacement sink is of the same kind (Update)
 	}
 	l.pacer = shaper.NewPacer(pacerConfig(cfg), time.Now())
 	l.m.BucketCapacity.Set(float64(l.bucket.Capacity()))
@@ -199,6 +201,72 @@ func pacerConfig(cfg config.Lane) shaper.PacerConfig {
 	}
 }
 
+// sinkBox lets the sink be swapped atomically whatever its concrete type.
+type sinkBox struct{ s Sink }
+
+// conf returns the lane's configuration in force (see Update).
+func (l *Lane) conf() *config.Lane { return l.cfgp.Load() }
+
+// ErrRestartNeeded is returned by Update when the change touches the lane's
+// source or overflow mode, which cannot change in place: the caller drains
+// the lane and starts a new one.
+var ErrRestartNeeded = errors.New("drain: this change needs a lane restart")
+
+// Update applies a new configuration in place (hot reload): rate, slack,
+// warmup, capacity, max_in_flight, timeouts, retries, max_wait, max_age,
+// dead-letter-free settings. Messages held stay where they are; nothing is
+// nak'd or redelivered. A smaller capacity only limits new admissions. It
+// returns ErrRestartNeeded, changing nothing, when the source (stream,
+// subjects, consumer, ack_wait, max_ack_pending), the overflow mode or the
+// dead-letter subject changed. The sink is swapped separately (SetSink).
+func (l *Lane) Update(cfg config.Lane) error {
+	old := l.conf()
+	if !sameSource(old.Source, cfg.Source) || old.Bucket.Overflow != cfg.Bucket.Overflow ||
+		old.DeadLetter != cfg.DeadLetter || old.Rate.Global != cfg.Rate.Global {
+		return ErrRestartNeeded
+	}
+	l.cfgp.Store(&cfg)
+	now := time.Now()
+	l.mu.Lock()
+	l.pacer.SetConfig(pacerConfig(cfg), now)
+	if old.Rate.Limit != cfg.Rate.Limit {
+		l.pacer.Rebase(now) // the next gap is the new interval
+	}
+	l.mu.Unlock()
+	l.bucket.SetCapacity(cfg.Bucket.Capacity)
+	l.slots.setLimit(cfg.Task.MaxInFlight)
+	l.m.BucketCapacity.Set(float64(cfg.Bucket.Capacity))
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	l.log.Info("lane reconfigured", "limit", cfg.Rate.Limit.String(), "capacity", cfg.Bucket.Capacity,
+		"max_in_flight", cfg.Task.MaxInFlight)
+	return nil
+}
+
+func sameSource(a, b config.Source) bool {
+	if a.Stream != b.Stream || a.Consumer != b.Consumer || a.AckWait != b.AckWait ||
+		a.MaxAckPending != b.MaxAckPending || len(a.Subjects) != len(b.Subjects) {
+		return false
+	}
+	for i := range a.Subjects {
+		if a.Subjects[i] != b.Subjects[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// SetSink replaces the sink for the tasks that depart from now on and
+// returns the previous one, which the caller closes (its Close waits for the
+// calls still running).
+func (l *Lane) SetSink(s Sink) Sink {
+	old := l.sinkp.Swap(&sinkBox{s})
+	l.log.Info("lane sink replaced")
+	return old.s
+}
+
 // Name returns the lane's name.
 func (l *Lane) Name() string { return l.name }
 
@@ -212,13 +280,13 @@ func (l *Lane) Start() {
 		return
 	}
 	l.mu.Lock()
-	l.pacer = shaper.NewPacer(pacerConfig(l.cfg), time.Now()) // cold at start
+	l.pacer = shaper.NewPacer(pacerConfig(*l.conf()), time.Now()) // cold at start
 	l.mu.Unlock()
 	go l.fetchLoop()
 	go l.departLoop()
 	go l.houseLoop()
-	l.log.Info("lane started", "limit", l.cfg.Rate.Limit.String(), "capacity", l.cfg.Bucket.Capacity,
-		"max_in_flight", l.cfg.Task.MaxInFlight, "overflow", l.cfg.Bucket.Overflow)
+	l.log.Info("lane started", "limit", l.conf().Rate.Limit.String(), "capacity", l.conf().Bucket.Capacity,
+		"max_in_flight", l.conf().Task.MaxInFlight, "overflow", l.conf().Bucket.Overflow)
 }
 
 // Summary counts what happened to messages during a drain.
@@ -281,7 +349,7 @@ func (l *Lane) Drain(ctx context.Context) Summary {
 // bucket refuses what does not fit.
 func (l *Lane) fetchLoop() {
 	defer close(l.fetchDone)
-	reject := l.cfg.Bucket.Overflow == "reject"
+	reject := l.conf().Bucket.Overflow == "reject"
 	backoff := 100 * time.Millisecond
 	for {
 		select {
@@ -329,8 +397,8 @@ func (l *Lane) admit(m *shaper.Message, reserved bool) {
 	if m.NumDelivered > 1 {
 		l.m.Redelivered.Inc()
 	}
-	if m.Invalid == "" && l.cfg.Source.MaxMessageBytes > 0 && len(m.Data) > l.cfg.Source.MaxMessageBytes {
-		m.Invalid = fmt.Sprintf("payload of %d bytes exceeds source.max_message_bytes %d", len(m.Data), l.cfg.Source.MaxMessageBytes)
+	if m.Invalid == "" && l.conf().Source.MaxMessageBytes > 0 && len(m.Data) > l.conf().Source.MaxMessageBytes {
+		m.Invalid = fmt.Sprintf("payload of %d bytes exceeds source.max_message_bytes %d", len(m.Data), l.conf().Source.MaxMessageBytes)
 	}
 	if m.Invalid != "" {
 		if reserved {
@@ -348,7 +416,7 @@ func (l *Lane) admit(m *shaper.Message, reserved bool) {
 	// what is left of a pause.
 	l.mu.Lock()
 	rate := l.pacer.RampRate(now)
-	maxWait := l.cfg.Bucket.MaxWait
+	maxWait := l.conf().Bucket.MaxWait
 	if paused := l.pacer.PausedUntil().Sub(now); maxWait > 0 && paused > 0 {
 		maxWait -= paused
 		if maxWait <= 0 {
@@ -400,9 +468,7 @@ func (l *Lane) departLoop() {
 			return
 		}
 		// 2. A free task slot (G5: at most max_in_flight at once).
-		select {
-		case l.slots <- struct{}{}:
-		case <-ctx.Done():
+		if !l.slots.acquire(ctx) {
 			return
 		}
 		ready := time.Now()
@@ -423,7 +489,7 @@ func (l *Lane) departLoop() {
 			if !at.After(now) && l.global != nil {
 				var ok bool // the shared schedule's slot (global.go)
 				if at, ok = l.globalAt(ctx, now); !ok {
-					<-l.slots
+					l.slots.release()
 					return
 				}
 			}
@@ -431,7 +497,7 @@ func (l *Lane) departLoop() {
 				break
 			}
 			if _, err := l.waiter.Wait(ctx, at, l.wake); err != nil {
-				<-l.slots
+				l.slots.release()
 				return
 			}
 			now = time.Now()
@@ -439,7 +505,7 @@ func (l *Lane) departLoop() {
 		// 4. Departure.
 		m, empty := l.bucket.Pop()
 		if m == nil { // cannot happen: only this loop pops while running
-			<-l.slots
+			l.slots.release()
 			continue
 		}
 		l.mu.Lock()
@@ -475,7 +541,7 @@ func (l *Lane) awaitHead(ctx context.Context) bool {
 			if born.IsZero() {
 				born = m.Admitted
 			}
-			if maxAge := l.cfg.Bucket.MaxAge; maxAge > 0 && time.Since(born) > maxAge {
+			if maxAge := l.conf().Bucket.MaxAge; maxAge > 0 && time.Since(born) > maxAge {
 				if _, empty := l.bucket.Pop(); empty {
 					l.mu.Lock()
 					l.pacer.SetBusy(time.Now(), false)
@@ -517,13 +583,13 @@ func (l *Lane) runTask(m *shaper.Message) {
 		}
 		l.mu.Unlock()
 		l.m.InFlight.Dec()
-		<-l.slots
+		l.slots.release()
 		l.tasks.Done()
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.Task.Timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), l.conf().Task.Timeout)
 	ctx = shaper.WithWire(ctx, func(t time.Time) { l.wired(m, t) })
 	start := time.Now()
-	err := l.sink.Send(ctx, m)
+	err := l.sinkp.Load().s.Send(ctx, m)
 	took := time.Since(start)
 	timedOut := err != nil && (errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil)
 	cancel()
@@ -567,7 +633,7 @@ func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
 		}
 		return
 	}
-	if md := l.cfg.Source.MaxDeliver; md > 0 && m.NumDelivered >= uint64(md) {
+	if md := l.conf().Source.MaxDeliver; md > 0 && m.NumDelivered >= uint64(md) {
 		if l.deadLetter(m, metrics.ReasonMaxDeliver, err, status) {
 			l.m.Deliveries[metrics.OutcomeDeadLetter].Inc()
 		} else {
@@ -580,9 +646,9 @@ func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
 	if timedOut {
 		reason = metrics.OutcomeTimeout
 	}
-	if se != nil && se.RetryAfter > 0 && l.cfg.Task.Retry.RetryAfter {
+	if se != nil && se.RetryAfter > 0 && l.conf().Task.Retry.RetryAfter {
 		delay = se.RetryAfter
-		if md := l.cfg.Task.Retry.MaxDelay; md > 0 && delay > md {
+		if md := l.conf().Task.Retry.MaxDelay; md > 0 && delay > md {
 			delay = md
 		}
 		if se.Saturated {
@@ -599,7 +665,7 @@ func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
 // backoff returns the retry delay for delivery count n (SPEC §3: indexed by
 // delivery count, the last value repeats).
 func (l *Lane) backoff(n uint64) time.Duration {
-	b := l.cfg.Task.Retry.Backoff
+	b := l.conf().Task.Retry.Backoff
 	if len(b) == 0 {
 		return time.Second
 	}
@@ -714,7 +780,7 @@ func truncate(s string, n int) string {
 // lane holds, before the server's ack wait runs out (SPEC G7).
 func (l *Lane) houseLoop() {
 	defer close(l.houseDone)
-	ackWait := l.cfg.Source.AckWait
+	ackWait := l.conf().Source.AckWait
 	if ackWait <= 0 {
 		ackWait = 30 * time.Second
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -817,4 +818,59 @@ func TestLaneRetryAfterEdges(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestLaneUpdateInPlace: hot reload changes the rate, capacity and
+// max_in_flight of a running lane; held messages stay, none is nak'd or
+// redelivered, and the new rate applies from the next departure.
+func TestLaneUpdateInPlace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink := &recSink{}
+		cfg := laneConfig(100)
+		h := newHarness(t, cfg, sink)
+		h.src.publish(300)
+		start := time.Now()
+		h.lane.Start()
+		time.Sleep(time.Second - time.Millisecond)
+		synctest.Wait()
+		next := cfg
+		next.Rate.Limit = 50
+		next.Bucket.Capacity = 500
+		next.Task.MaxInFlight = 2
+		if err := h.lane.Update(next); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		h.stop(time.Second)
+		cs := sink.snapshot()
+		for i := 1; i < len(cs); i++ {
+			g := cs[i].at.Sub(cs[i-1].at)
+			x := cs[i].at.Sub(start)
+			switch {
+			case x < time.Second && g != 10*time.Millisecond:
+				t.Fatalf("gap %d before the update = %v", i, g)
+			case x > time.Second+20*time.Millisecond && g != 20*time.Millisecond:
+				t.Fatalf("gap %d after the update = %v, want 20ms", i, g)
+			}
+		}
+		if len(cs) != 300 {
+			t.Errorf("%d delivered, want 300", len(cs))
+		}
+		for _, m := range h.src.all {
+			for _, v := range m.verbs {
+				if strings.HasPrefix(v, "nak") {
+					t.Fatalf("message %d was nak'd by the update: %v", m.id, m.verbs)
+				}
+			}
+		}
+		if got := testutil.ToFloat64(h.m.BucketCapacity); got != 500 {
+			t.Errorf("capacity gauge %v", got)
+		}
+		changed := next
+		changed.Source.Stream = "OTHER"
+		if err := h.lane.Update(changed); !errors.Is(err, ErrRestartNeeded) {
+			t.Errorf("changing the stream: %v, want ErrRestartNeeded", err)
+		}
+	})
 }

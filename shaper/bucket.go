@@ -51,7 +51,27 @@ func NewBucket(capacity int) *Bucket {
 }
 
 // Capacity returns the configured capacity in messages.
-func (b *Bucket) Capacity() int { return b.capacity }
+func (b *Bucket) Capacity() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.capacity
+}
+
+// SetCapacity changes the capacity (hot reload). Messages held stay, in
+// order, also when there are more of them than the new capacity: it only
+// limits what is admitted from now on.
+func (b *Bucket) SetCapacity(capacity int) {
+	capacity = max(1, capacity)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	size := max(capacity, b.n+b.reserved)
+	ring := make([]*Message, size)
+	for i := 0; i < b.n; i++ {
+		ring[i] = b.ring[(b.head+i)%len(b.ring)]
+	}
+	b.ring, b.head, b.capacity = ring, 0, capacity
+	notify(b.freed)
+}
 
 // Len returns the number of messages waiting (the bucket depth).
 func (b *Bucket) Len() int {
@@ -114,7 +134,7 @@ func (b *Bucket) Admit(m *Message, now time.Time, reserved bool, rate float64, m
 		}
 	}
 	m.Admitted = now
-	b.ring[(b.head+b.n)%b.capacity] = m
+	b.ring[(b.head+b.n)%len(b.ring)] = m
 	b.n++
 	wasEmpty = b.n == 1
 	b.mu.Unlock()
@@ -142,7 +162,7 @@ func (b *Bucket) Pop() (m *Message, nowEmpty bool) {
 	}
 	m = b.ring[b.head]
 	b.ring[b.head] = nil
-	b.head = (b.head + 1) % b.capacity
+	b.head = (b.head + 1) % len(b.ring)
 	b.n--
 	nowEmpty = b.n == 0
 	b.mu.Unlock()
@@ -156,7 +176,7 @@ func (b *Bucket) Each(fn func(*Message)) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for i := 0; i < b.n; i++ {
-		fn(b.ring[(b.head+i)%b.capacity])
+		fn(b.ring[(b.head+i)%len(b.ring)])
 	}
 }
 

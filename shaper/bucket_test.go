@@ -66,3 +66,29 @@ func TestBucketMaxWait(t *testing.T) {
 		t.Fatalf("rate 0: %v, want ErrMaxWait", err)
 	}
 }
+
+func TestBucketSetCapacityKeepsMessages(t *testing.T) {
+	b := NewBucket(4)
+	for i := range 3 {
+		b.Admit(&Message{StreamSeq: uint64(i)}, t0, false, 10, 0)
+	}
+	b.Pop() // head moves: the ring wraps on the next admissions
+	b.Admit(&Message{StreamSeq: 3}, t0, false, 10, 0)
+	b.Admit(&Message{StreamSeq: 4}, t0, false, 10, 0)
+	if k := b.Reserve(5); k != 0 {
+		t.Fatalf("reserved %d of a full bucket", k)
+	}
+	b.SetCapacity(2) // smaller than what it holds
+	if _, err := b.Admit(&Message{}, t0, false, 10, 0); !errors.Is(err, ErrBucketFull) {
+		t.Fatalf("admit over the new capacity: %v", err)
+	}
+	for want := uint64(1); want <= 4; want++ {
+		if m, _ := b.Pop(); m == nil || m.StreamSeq != want {
+			t.Fatalf("pop = %v, want seq %d (order kept)", m, want)
+		}
+	}
+	b.SetCapacity(6)
+	if k := b.Reserve(10); k != 6 {
+		t.Fatalf("reserve after growing = %d, want 6", k)
+	}
+}

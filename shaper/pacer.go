@@ -273,3 +273,17 @@ func (p *Pacer) Reset() {
 	p.tat = time.Time{}
 	p.last = time.Time{}
 }
+
+// Rebase makes the schedule continue one interval (at the rate in force at
+// now) after the previous departure, with no lateness to make up. Use it
+// when something else timed the departures — a shared schedule across
+// replicas (SPEC §3 Global rate), whose slots make this pacer look late at
+// every departure — and this pacer takes over: without it, that apparent
+// lateness would be caught up at 1 % per departure (see the type's doc).
+// Without a previous departure it does nothing.
+func (p *Pacer) Rebase(now time.Time) {
+	if p.last.IsZero() {
+		return
+	}
+	p.tat = p.last.Add(p.interval(now))
+}

@@ -1,0 +1,483 @@
+package sources
+
+import (
+	"context"
+	"crypto/tls"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/shaper-dev/shaper/config"
+)
+
+// The global schedule of a lane (SPEC §3 "Global rate", docs/scaling.md).
+//
+// All replicas serving a lane share one GCRA schedule kept in Redis: the
+// theoretical time of the next departure slot (tat) and the end of a shared
+// pause, both in microseconds of the Redis server's clock. One Lua script
+// (gcraScript) reserves slots: it reads the server's TIME, places the
+// reservation at max(tat, pause, now − slack×interval − lag), advances tat
+// by k×interval and returns the first slot and the server's now. The client
+// turns server times into local ones with the offset that round trips
+// measure (the server's now against the local midpoint of the call; the
+// least uncertain recent sample is kept, see clockSync), so the replicas'
+// clocks may disagree by any amount: they never compare their own clocks
+// with one another or with the server's.
+//
+// Leases. Above 500/s one round trip per departure is more than the Redis
+// budget allows for no gain (NOTES.md: a round trip is ~60 µs, and the script
+// costs what a PING costs), so a call reserves k consecutive slots, k =
+// floor(2 ms / interval): a lease never spans more than ~2 ms. The slots of a
+// lease are ordinary slots of the shared schedule (tat advances by
+// k×interval), so departures across all replicas still follow one GCRA
+// schedule. A slot that is not used in time is dropped, never given back
+// later as a burst: a departure may leave at most staleness (slack + 0.9
+// intervals) after its slot, which keeps every window of a whole number of
+// intervals within SPEC G1's bound (docs/scaling.md, "Guarantees and
+// allowances"; the lane applies the same rule to the slot it holds).
+// The next lease is reserved when the last slot of the current one is
+// handed out, so the round trip overlaps the wait for that slot.
+
+// gcraScript is the whole protocol with Redis; see its header.
+//
+//go:embed redisslots.lua
+var gcraScript string
+
+// Lease sizing: a lease covers at most leaseSpan of the schedule.
+const leaseSpan = 2 * time.Millisecond
+
+// lagFraction is how far, in intervals, a reservation may be placed behind
+// the server's now when the schedule is idle (tat in the past): a replica
+// whose request arrives a little after its slot's time loses nothing (the
+// same catch-up of under one interval as the local pacer's, shaper.Pacer).
+const lagFraction = 0.5
+
+// staleFraction bounds the lateness of a departure after its slot, in
+// intervals (plus the slack): a slot older than that is dropped. It is
+// below 1 so that windows of whole intervals keep the bound of SPEC G1.
+const staleFraction = 0.9
+
+// ErrRedisReply is wrapped when Redis answers the script with something
+// that is not a reservation (a bug, or a key of another type).
+var ErrRedisReply = errors.New("sources: unexpected reply from the redis schedule script")
+
+// RedisSlots is the Redis edge of global rates: one client shared by every
+// global lane of the process. Create it with NewRedisSlots, get one
+// schedule per lane with Lane, and Close it at shutdown. It is safe for
+// concurrent use.
+type RedisSlots struct {
+	client  redis.UniversalClient
+	script  *redis.Script
+	prefix  string
+	timeout time.Duration
+	clock   func() time.Time
+	log     *slog.Logger
+}
+
+// RedisOption configures RedisSlots.
+type RedisOption interface{ apply(*RedisSlots) }
+
+type redisOptionFunc func(*RedisSlots)
+
+func (f redisOptionFunc) apply(r *RedisSlots) { f(r) }
+
+// WithRedisClock sets the local clock (default time.Now). Tests use it to
+// give a replica a skewed clock; the schedule does not depend on it.
+func WithRedisClock(clock func() time.Time) RedisOption {
+	return redisOptionFunc(func(r *RedisSlots) { r.clock = clock })
+}
+
+// WithRedisLogger sets the logger (default: discard).
+func WithRedisLogger(log *slog.Logger) RedisOption {
+	return redisOptionFunc(func(r *RedisSlots) { r.log = log })
+}
+
+// NewRedisSlots builds the client for cfg (config.Redis, validated): a
+// plain client for one address, a Redis Cluster client for several (or
+// cfg.Cluster), a Sentinel client with cfg.MasterName — go-redis's
+// UniversalClient rules. It does not connect; call Load to check the
+// connection and load the script. Every call to Redis is bounded by
+// cfg.Timeout (dial included) and never retried: a failure is reported at
+// once, and the lane falls back to local pacing.
+func NewRedisSlots(cfg config.Redis, opts ...RedisOption) (*RedisSlots, error) {
+	uo, err := universalOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	r := &RedisSlots{
+		client:  redis.NewUniversalClient(uo),
+		script:  redis.NewScript(gcraScript),
+		prefix:  cfg.KeyPrefix,
+		timeout: cfg.Timeout,
+		clock:   time.Now,
+		log:     slog.New(slog.DiscardHandler),
+	}
+	if r.prefix == "" {
+		r.prefix = config.DefaultRedisKeyPrefix
+	}
+	if r.timeout <= 0 {
+		r.timeout = config.DefaultRedisTimeout
+	}
+	for _, o := range opts {
+		o.apply(r)
+	}
+	// go-redis logs every failed dial; the lane logs the transition to
+	// and from the fallback once, so its lines go to debug.
+	setRedisLogger.Do(func() { redis.SetLogger(redisLog{r.log}) })
+	return r, nil
+}
+
+var setRedisLogger sync.Once
+
+// redisLog sends go-redis's own log lines to slog at debug level.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, "redis client: "+fmt.Sprintf(format, v...))
+}
+
+// universalOptions maps the redis section to go-redis options. Addresses
+// may be host:port or redis:// / rediss:// URLs; the user, password,
+// database and TLS of a URL apply unless the section sets them.
+func universalOptions(cfg config.Redis) (*redis.UniversalOptions, error) {
+	timeout := cfg.Timeout
+	if timeout <= 0 {
+		timeout = config.DefaultRedisTimeout
+	}
+	uo := &redis.UniversalOptions{
+		Username:      cfg.Username,
+		Password:      cfg.Password,
+		DB:            cfg.DB,
+		MasterName:    cfg.MasterName,
+		IsClusterMode: cfg.Cluster,
+		// One attempt per call, bounded by the timeout: a retried
+		// reservation would only take slots nobody uses, and a slow
+		// Redis must turn into the local fallback quickly.
+		MaxRetries:            -1,
+		DialerRetries:         1,
+		DialTimeout:           timeout,
+		ReadTimeout:           timeout,
+		WriteTimeout:          timeout,
+		PoolTimeout:           timeout,
+		ContextTimeoutEnabled: true,
+		DisableIdentity:       true,
+		MaintNotificationsConfig: &maintnotifications.Config{
+			Mode: maintnotifications.ModeDisabled,
+		},
+	}
+	useTLS := cfg.TLS
+	for _, a := range strings.Split(cfg.Addr, ",") {
+		a = strings.TrimSpace(a)
+		if a == "" {
+			continue
+		}
+		if !strings.Contains(a, "://") {
+			uo.Addrs = append(uo.Addrs, a)
+			continue
+		}
+		u, err := url.Parse(a)
+		if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
+			return nil, fmt.Errorf("redis.addr: an item is not a redis:// or rediss:// URL")
+		}
+		uo.Addrs = append(uo.Addrs, u.Host)
+		useTLS = useTLS || u.Scheme == "rediss"
+		if u.User != nil {
+			if uo.Username == "" {
+				uo.Username = u.User.Username()
+			}
+			if pw, ok := u.User.Password(); ok && uo.Password == "" {
+				uo.Password = pw
+			}
+		}
+		if db := strings.Trim(u.Path, "/"); db != "" && uo.DB == 0 {
+			n, err := strconv.Atoi(db)
+			if err != nil || n < 0 {
+				return nil, fmt.Errorf("redis.addr: the path of a URL must be a database number")
+			}
+			uo.DB = n
+		}
+	}
+	if len(uo.Addrs) == 0 {
+		return nil, errors.New("redis.addr: no address")
+	}
+	if useTLS {
+		uo.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	return uo, nil
+}
+
+// Load checks that Redis answers and loads the script (SCRIPT LOAD, on
+// every master of a cluster), so that reservations run with EVALSHA. A
+// script flushed later (SCRIPT FLUSH, a restart, a failover) is loaded
+// again on the NOSCRIPT reply, transparently. ctx bounds the whole check.
+func (r *RedisSlots) Load(ctx context.Context) error {
+	if err := r.script.Load(ctx, r.client).Err(); err != nil {
+		return fmt.Errorf("redis: load the schedule script: %w", err)
+	}
+	return nil
+}
+
+// Close closes the connections.
+func (r *RedisSlots) Close() error { return r.client.Close() }
+
+// Key returns the Redis key of lane's schedule: "{<prefix>:<lane>}:schedule".
+// The braces are a hash tag, so that every key of a lane lives in one slot
+// of a Redis Cluster (SPEC case C26: a script whose keys span slots fails
+// with CROSSSLOT).
+func (r *RedisSlots) Key(lane string) string {
+	return "{" + r.prefix + ":" + lane + "}:schedule"
+}
+
+// Lane returns the shared schedule of lane, with the lane's rate.slack.
+// It implements drain.GlobalSchedule.
+func (r *RedisSlots) Lane(lane string, slack int) *LaneSlots {
+	return &LaneSlots{r: r, key: r.Key(lane), slack: max(0, slack)}
+}
+
+// LaneSlots is one lane's view of its shared schedule: it reserves leases
+// and hands their slots out one departure at a time. It is safe for
+// concurrent use, but one departure loop is expected to call Reserve.
+type LaneSlots struct {
+	r     *RedisSlots
+	key   string
+	slack int
+
+	mu    sync.Mutex
+	lease lease
+	sync  clockSync
+
+	calls atomic.Int64 // round trips (script runs), for benchmarks
+}
+
+// lease is a run of n consecutive slots starting at first (local time),
+// interval apart, of which next is the first not handed out.
+type lease struct {
+	first    time.Time
+	interval time.Duration
+	n, next  int
+}
+
+func (l *lease) slot(i int) time.Time { return l.first.Add(time.Duration(i) * l.interval) }
+
+// dropStale skips the slots older than tol at now.
+func (l *lease) dropStale(now time.Time, tol time.Duration) {
+	for l.next < l.n && now.Sub(l.slot(l.next)) > tol {
+		l.next++
+	}
+}
+
+// leaseSize is k, the number of slots a call reserves at interval.
+func leaseSize(interval time.Duration) int {
+	if interval <= 0 {
+		return 1
+	}
+	return max(1, int(leaseSpan/interval))
+}
+
+// staleness is how late after its slot a departure may still use it.
+func staleness(interval time.Duration, slack int) time.Duration {
+	return time.Duration((float64(slack) + staleFraction) * float64(interval))
+}
+
+// Reserve takes the next slot of the lane's shared schedule for one
+// departure at interval (the lane's current emission interval) and returns
+// the local time at which the departure may leave; it may be in the past by
+// less than (slack + 0.9) intervals. It calls Redis when the current lease
+// is used up (and, for leases of several slots, when handing out the last
+// slot, to reserve the next lease ahead). An error means Redis failed or
+// did not answer within the timeout: no slot is given, the caller paces
+// locally. A call that times out is tried once more before Reserve gives
+// up, so Reserve returns within about twice the timeout (at once when the
+// connection is refused).
+func (s *LaneSlots) Reserve(ctx context.Context, interval time.Duration) (time.Time, error) {
+	if interval <= 0 {
+		return time.Time{}, fmt.Errorf("redis schedule %s: interval %v must be > 0", s.key, interval)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tol := staleness(interval, s.slack)
+	s.lease.dropStale(s.r.clock(), tol)
+	switch left := s.lease.n - s.lease.next; {
+	case left > 1:
+		t := s.lease.slot(s.lease.next)
+		s.lease.next++
+		return t, nil
+	case left == 1:
+		// The last slot: reserve the next lease now so that its round
+		// trip overlaps the wait for this slot. A failure is reported by
+		// the next call, when there is no slot left to give.
+		t := s.lease.slot(s.lease.next)
+		s.lease.next++
+		if next, err := s.reserve(ctx, interval); err == nil {
+			s.lease = next
+		}
+		return t, nil
+	}
+	next, err := s.reserve(ctx, interval)
+	if err != nil && ctx.Err() == nil && isTimeout(err) {
+		// One late answer (a stall of this process or of Redis) is not an
+		// outage: falling back while the other replicas still reach Redis
+		// would add this replica's fallback rate on top of the limit.
+		next, err = s.reserve(ctx, interval)
+	}
+	if err != nil {
+		return time.Time{}, err
+	}
+	s.lease = next
+	// A fresh lease is the schedule's own answer at this moment: when even
+	// its last slot looks stale (a round trip slower than the lag allows),
+	// that slot is still used rather than none.
+	s.lease.dropStale(s.r.clock(), tol)
+	s.lease.next = min(s.lease.next, s.lease.n-1)
+	t := s.lease.slot(s.lease.next)
+	s.lease.next++
+	return t, nil
+}
+
+// isTimeout reports whether err is a call that ran out of time (as opposed
+// to a refused or broken connection, or an error reply).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// reserve runs the script for a lease of leaseSize(interval) slots; s.mu
+// is held.
+func (s *LaneSlots) reserve(ctx context.Context, interval time.Duration) (lease, error) {
+	if !s.sync.set {
+		// A first round trip is often lopsided (lazy set-up on the way
+		// out): anchor the clock on a few samples before the first lease.
+		for range syncSamples {
+			reply, t0, t1, err := s.run(ctx, "time")
+			if err != nil {
+				return lease{}, err
+			}
+			s.sync.observe(t0, t1, reply[1])
+		}
+	}
+	k := leaseSize(interval)
+	ivUS := float64(interval) / float64(time.Microsecond)
+	reply, t0, t1, err := s.run(ctx, "reserve",
+		strconv.FormatFloat(ivUS, 'f', 3, 64),
+		strconv.Itoa(k),
+		strconv.Itoa(s.slack),
+		strconv.FormatFloat(lagFraction*ivUS, 'f', 3, 64))
+	if err != nil {
+		return lease{}, err
+	}
+	start, now := reply[0], reply[1]
+	s.sync.observe(t0, t1, now)
+	return lease{first: s.sync.local(start), interval: interval, n: k}, nil
+}
+
+// Pause extends the shared pause of the lane until until (local time): no
+// replica gets a slot before it. A pause that ends earlier than one already
+// set changes nothing.
+func (s *LaneSlots) Pause(ctx context.Context, until time.Time) error {
+	d := until.Sub(s.r.clock())
+	if d <= 0 {
+		return nil
+	}
+	_, _, _, err := s.run(ctx, "pause", strconv.FormatInt(int64(math.Ceil(float64(d)/float64(time.Microsecond))), 10))
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	// Slots of the current lease inside the pause must not be used.
+	for s.lease.next < s.lease.n && s.lease.slot(s.lease.next).Before(until) {
+		s.lease.next++
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// run calls the script under the timeout and returns its two leading
+// numbers (microseconds of the server clock) and the local instants just
+// before and after the call.
+func (s *LaneSlots) run(ctx context.Context, op string, args ...string) (out [2]float64, t0, t1 time.Time, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.r.timeout)
+	defer cancel()
+	argv := make([]any, 0, len(args)+1)
+	argv = append(argv, op)
+	for _, a := range args {
+		argv = append(argv, a)
+	}
+	t0 = s.r.clock()
+	res, err := s.r.script.Run(ctx, s.r.client, []string{s.key}, argv...).StringSlice()
+	t1 = s.r.clock()
+	s.calls.Add(1)
+	if err != nil {
+		return out, t0, t1, fmt.Errorf("redis schedule %s: %s: %w", s.key, op, err)
+	}
+	if len(res) < 2 {
+		return out, t0, t1, fmt.Errorf("redis schedule %s: %s: %w: %q", s.key, op, ErrRedisReply, res)
+	}
+	for i := range out {
+		v, perr := strconv.ParseFloat(res[i], 64)
+		if perr != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+			return out, t0, t1, fmt.Errorf("redis schedule %s: %s: %w: %q", s.key, op, ErrRedisReply, res)
+		}
+		out[i] = v
+	}
+	return out, t0, t1, nil
+}
+
+// syncSamples is the number of clock samples taken before a lane's first
+// lease.
+const syncSamples = 3
+
+// maxDrift bounds how fast the local and the server clocks may drift
+// apart (100 ppm, far more than real quartz and NTP-disciplined clocks).
+const maxDrift = 100e-6
+
+// clockSync converts the server's clock to the local one. Each round trip
+// is a sample: the server's now lies within half the round trip of the
+// local midpoint. The conversion uses the sample with the least
+// uncertainty — its half round trip, grown by the drift since — rather
+// than the latest one, because a round trip stretched by the scheduler (a
+// stalled goroutine, a busy core) would shift a whole lease by up to half
+// of it. A sample that contradicts the anchor beyond both uncertainties
+// (the server's clock was stepped, or a failover moved the key to a server
+// with another clock) replaces it at once.
+type clockSync struct {
+	set    bool
+	mid    time.Time     // local midpoint of the anchor's round trip
+	server float64       // the server's now in that round trip, µs
+	half   time.Duration // half the anchor's round trip
+}
+
+func (c *clockSync) uncertainty(at time.Time) time.Duration {
+	return c.half + time.Duration(maxDrift*math.Abs(float64(at.Sub(c.mid))))
+}
+
+// local converts a server time (µs) to a local one.
+func (c *clockSync) local(server float64) time.Time {
+	return c.mid.Add(time.Duration((server - c.server) * float64(time.Microsecond)))
+}
+
+// observe takes the sample of a round trip from t0 to t1 in which the
+// server's clock read server.
+func (c *clockSync) observe(t0, t1 time.Time, server float64) {
+	half := t1.Sub(t0) / 2
+	mid := t0.Add(half)
+	if c.set {
+		u := c.uncertainty(mid)
+		off := c.local(server).Sub(mid)
+		if half > u && off.Abs() <= u+half {
+			return // consistent, and the anchor is more precise
+		}
+	}
+	*c = clockSync{set: true, mid: mid, server: server, half: half}
+}
