@@ -1,0 +1,374 @@
+package drain
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/shaper-dev/shaper/metrics"
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// Tests of the global schedule seam (global.go) on the fake clock, with a
+// GlobalSchedule the test controls. The Redis implementation is tested
+// against a real redis-server in sources.
+
+// fakeSchedule is a shared GCRA (slack 0) in memory: each Reserve takes the
+// next slot, and share-1 slots after it go to other (imaginary) replicas.
+type fakeSchedule struct {
+	mu       sync.Mutex
+	share    int
+	tat      time.Time
+	paused   time.Time
+	down     bool
+	reserves int         // successful
+	okAt     []time.Time // successful attempts
+	failures []time.Time // failed attempts
+	pauses   []time.Time
+}
+
+var errFakeDown = errors.New("fake store: unreachable")
+
+func (f *fakeSchedule) Reserve(ctx context.Context, iv time.Duration) (time.Time, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now()
+	if f.down {
+		f.failures = append(f.failures, now)
+		return time.Time{}, errFakeDown
+	}
+	f.reserves++
+	f.okAt = append(f.okAt, now)
+	start := f.tat
+	if start.Before(now) {
+		start = now
+	}
+	if start.Before(f.paused) {
+		start = f.paused
+	}
+	f.tat = start.Add(time.Duration(max(1, f.share)) * iv)
+	return start, nil
+}
+
+func (f *fakeSchedule) Pause(ctx context.Context, until time.Time) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pauses = append(f.pauses, until)
+	if f.down {
+		return errFakeDown
+	}
+	if until.After(f.paused) {
+		f.paused = until
+	}
+	return nil
+}
+
+func (f *fakeSchedule) set(fn func(f *fakeSchedule)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
+}
+
+// logRecorder keeps the messages of the records logged at each level.
+type logRecorder struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (r *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recs = append(r.recs, rec)
+	return nil
+}
+func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *logRecorder) WithGroup(string) slog.Handler      { return r }
+
+func (r *logRecorder) count(level slog.Level, prefix string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, rec := range r.recs {
+		if rec.Level == level && strings.HasPrefix(rec.Message, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// wireSink reports when each request reaches the wire, 1 ms after the
+// call, like the HTTP sink: every report wakes the departure loop.
+type wireSink struct{ recSink }
+
+func (s *wireSink) ReportsWire() bool { return true }
+func (s *wireSink) Send(ctx context.Context, m *shaper.Message) error {
+	time.Sleep(time.Millisecond)
+	if fn := shaper.WireFrom(ctx); fn != nil {
+		fn(time.Now())
+	}
+	return s.recSink.Send(ctx, m)
+}
+
+func newGlobalHarness(t *testing.T, limit float64, sink Sink, g GlobalSchedule, hint int, log *slog.Logger) *harness {
+	t.Helper()
+	cfg := laneConfig(limit)
+	h := &harness{t: t, src: newMemSource(cfg.Source.AckWait), dead: &recSink{}, reg: prometheus.NewRegistry()}
+	h.m = metrics.New(h.reg).Lane("test")
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	l, err := New("test", cfg, h.src, sink, WithWaiter(shaper.TimerWaiter{}), WithMetrics(h.m),
+		WithDeadLetter(h.dead), WithGlobal(g, hint), WithLogger(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.lane = l
+	return h
+}
+
+func gaps(ts []time.Time) (lo, hi time.Duration) {
+	for i := 1; i < len(ts); i++ {
+		d := ts[i].Sub(ts[i-1])
+		if i == 1 || d < lo {
+			lo = d
+		}
+		hi = max(hi, d)
+	}
+	return lo, hi
+}
+
+// TestGlobalLaneTakesSharedSlots: a global lane departs exactly at the
+// shared schedule's slots — here one in three, the other replicas taking
+// the rest — and takes one slot per departure, also when the wire reports
+// of a WireReporter sink wake the departure loop while it waits for its
+// slot (a woken loop keeps the slot it holds).
+func TestGlobalLaneTakesSharedSlots(t *testing.T) {
+	for _, wire := range []bool{false, true} {
+		name := map[bool]string{false: "plain sink", true: "wire-reporting sink"}[wire]
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := &fakeSchedule{share: 3}
+				rec := &recSink{}
+				var sink Sink = rec
+				if wire {
+					ws := &wireSink{}
+					sink, rec = ws, &ws.recSink
+				}
+				h := newGlobalHarness(t, 100, sink, g, 3, nil)
+				h.src.publish(60)
+				h.lane.Start()
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				h.stop(time.Second)
+				cs := rec.snapshot()
+				if len(cs) != 60 {
+					t.Fatalf("%d delivered, want 60", len(cs))
+				}
+				ts := times(cs)
+				if wire { // the sink records 1 ms after the departure
+					for i := range ts {
+						ts[i] = ts[i].Add(-time.Millisecond)
+					}
+				}
+				lo, hi := gaps(ts)
+				if lo != 30*time.Millisecond || hi != 30*time.Millisecond {
+					t.Errorf("gaps %v..%v, want exactly 30ms (every third slot at 100/s)", lo, hi)
+				}
+				if g.reserves != 60 {
+					t.Errorf("%d slots reserved for 60 departures", g.reserves)
+				}
+				if v := testutil.ToFloat64(h.m.Fallback); v != 0 {
+					t.Errorf("fallback gauge = %v", v)
+				}
+			})
+		})
+	}
+}
+
+// TestGlobalFallbackAndReturn: when the shared store fails, the lane paces
+// at limit / replicas_hint (never the full limit), says so once in the log
+// and in shaper_global_limiter_fallback, asks the store again about once a
+// second (not on every departure), and returns to the shared schedule
+// within a probe interval once the store answers — keeping the reduced
+// rate for globalReturnGrace, while other replicas may still pace locally.
+func TestGlobalFallbackAndReturn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := &fakeSchedule{share: 1}
+		logs := &logRecorder{}
+		sink := &recSink{}
+		h := newGlobalHarness(t, 90, sink, g, 3, slog.New(logs))
+		h.src.publish(1000)
+		start := time.Now()
+		at := func(s float64) time.Time { return start.Add(time.Duration(s * float64(time.Second))) }
+		h.lane.Start()
+
+		time.Sleep(time.Until(at(2)))
+		g.set(func(f *fakeSchedule) { f.down = true })
+		time.Sleep(time.Until(at(3.5)))
+		synctest.Wait()
+		if v := testutil.ToFloat64(h.m.Fallback); v != 1 {
+			t.Errorf("fallback gauge during the outage = %v, want 1", v)
+		}
+		if v := testutil.ToFloat64(h.m.RateLimit); v != 30 {
+			t.Errorf("rate gauge during the outage = %v, want 30 (90/s / 3)", v)
+		}
+		time.Sleep(time.Until(at(5)))
+		g.set(func(f *fakeSchedule) { f.down = false })
+		time.Sleep(time.Until(at(6.5)))
+		synctest.Wait()
+		if v := testutil.ToFloat64(h.m.Fallback); v != 0 {
+			t.Errorf("fallback gauge after the outage = %v, want 0", v)
+		}
+		time.Sleep(time.Until(at(10)))
+		synctest.Wait()
+		if v := testutil.ToFloat64(h.m.RateLimit); v != 90 {
+			t.Errorf("rate gauge after the outage and the grace = %v, want 90", v)
+		}
+		h.stop(time.Second)
+
+		var back time.Time // first successful call after the outage
+		for _, ok := range g.okAt {
+			if ok.After(at(5)) {
+				back = ok
+				break
+			}
+		}
+		if back.IsZero() || back.After(at(6.01)) {
+			t.Fatalf("back on the shared schedule at %v, want within a probe interval of 5 s", back.Sub(start))
+		}
+		full := back.Add(globalReturnGrace)
+		var before, during, grace, after []time.Time
+		for _, c := range sink.snapshot() {
+			switch x := c.at; {
+			case x.Before(at(2)):
+				before = append(before, x)
+			case x.After(at(2.05)) && x.Before(back):
+				during = append(during, x)
+			case !x.Before(back) && x.Before(full):
+				grace = append(grace, x)
+			case x.After(full.Add(100 * time.Millisecond)):
+				after = append(after, x)
+			}
+		}
+		if n := len(before); n < 178 || n > 181 {
+			t.Errorf("%d departures in [0,2) s, want 180 (90/s)", n)
+		}
+		minGap := time.Duration(0.99*float64(time.Second)/30) - time.Microsecond
+		if lo, _ := gaps(during); lo < minGap {
+			t.Errorf("gap %v during the outage, want ≥ 0.99/30 s", lo)
+		}
+		if w := maxInWindow(during, time.Second); w > 31 {
+			t.Errorf("%d departures in a 1 s window during the outage, bound 31 (30/s)", w)
+		}
+		if lo, _ := gaps(grace); lo < minGap || len(grace) < 55 {
+			t.Errorf("%d departures, gap %v in the 2 s grace after the return, want ~60 at ≥ 0.99/30 s", len(grace), lo)
+		}
+		if lo, hi := gaps(after); lo != time.Second/90 || hi > time.Second/90+time.Microsecond {
+			t.Errorf("gaps %v..%v after the grace, want 1/90 s", lo, hi)
+		}
+		// The first failure at ~2 s, then one probe a second until 5 s.
+		if n := len(g.failures); n < 3 || n > 4 {
+			t.Errorf("%d failed calls to the store during 3 s of outage, want 3-4 (about one a second)", n)
+		}
+		if n := logs.count(slog.LevelWarn, "global rate unavailable"); n != 1 {
+			t.Errorf("%d warnings of the fallback, want 1", n)
+		}
+		if n := logs.count(slog.LevelInfo, "global rate restored"); n != 1 {
+			t.Errorf("%d logs of the return, want 1", n)
+		}
+	})
+}
+
+// TestGlobalPauseIsShared: a 429 with Retry-After pauses the shared
+// schedule (so every replica), and a pause set by another replica holds
+// this lane's departures although the lane itself saw no 429.
+func TestGlobalPauseIsShared(t *testing.T) {
+	t.Run("propagated", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := &fakeSchedule{share: 1}
+			start := time.Now()
+			sink := &recSink{behave: func(c call) (time.Duration, error) {
+				if c.id == "msg-0" && c.attempt == 1 {
+					return 0, &shaper.SinkError{Status: 429, RetryAfter: 2 * time.Second, Saturated: true}
+				}
+				return 0, nil
+			}}
+			h := newGlobalHarness(t, 10, sink, g, 2, nil)
+			h.src.publish(5)
+			h.lane.Start()
+			time.Sleep(4 * time.Second)
+			synctest.Wait()
+			h.stop(time.Second)
+			if len(g.pauses) != 1 || !g.pauses[0].Equal(start.Add(2*time.Second)) {
+				t.Errorf("shared pauses %v, want one until +2s", g.pauses)
+			}
+			cs := sink.snapshot()
+			if len(cs) < 2 || cs[1].at.Before(start.Add(2*time.Second)) {
+				t.Errorf("second call at %v, want after the 2 s pause", cs[1].at.Sub(start))
+			}
+		})
+	})
+	t.Run("from another replica", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			start := time.Now()
+			g := &fakeSchedule{share: 1, paused: start.Add(3 * time.Second)}
+			sink := &recSink{}
+			h := newGlobalHarness(t, 10, sink, g, 2, nil)
+			h.src.publish(5)
+			h.lane.Start()
+			time.Sleep(5 * time.Second)
+			synctest.Wait()
+			h.stop(time.Second)
+			cs := sink.snapshot()
+			if len(cs) != 5 || !cs[0].at.Equal(start.Add(3*time.Second)) {
+				t.Fatalf("%d calls, first at %v; want 5 from +3s", len(cs), cs[0].at.Sub(start))
+			}
+			if lo, _ := gaps(times(cs)); lo != 100*time.Millisecond {
+				t.Errorf("gap %v after the shared pause, want 100ms (no burst)", lo)
+			}
+		})
+	})
+	t.Run("store down", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := &fakeSchedule{share: 1, down: true}
+			h := newGlobalHarness(t, 10, &recSink{}, g, 2, nil)
+			h.lane.Start()
+			h.lane.Pause(time.Now().Add(time.Second))
+			if len(g.pauses) != 1 {
+				t.Errorf("pause not attempted on the store")
+			}
+			h.stop(time.Second)
+		})
+	})
+}
+
+// TestGlobalDrainWhileWaitingForASlot: a lane waiting for a far slot (a
+// long shared pause) still drains within its budget and hands the bucket
+// back.
+func TestGlobalDrainWhileWaitingForASlot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := &fakeSchedule{share: 1, paused: time.Now().Add(time.Minute)}
+		sink := &recSink{}
+		h := newGlobalHarness(t, 10, sink, g, 2, nil)
+		h.src.publish(10)
+		h.lane.Start()
+		time.Sleep(time.Second)
+		start := time.Now()
+		s := h.stop(2 * time.Second)
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("drain took %v, budget 2s", d)
+		}
+		if len(sink.snapshot()) != 0 || s.Leftovers != 10 {
+			t.Errorf("%d delivered, %d leftovers; want 0 and 10", len(sink.snapshot()), s.Leftovers)
+		}
+	})
+}
