@@ -2,6 +2,7 @@ package drain
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/shaper-dev/shaper/shaper"
@@ -69,7 +70,9 @@ type globalState struct {
 	fallback  bool      // the store failed: local pacing only
 	nextProbe time.Time // in fallback: when to ask the store again
 	reduced   bool      // the local pacer runs at limit / hint
-	fullAt    time.Time // back on the schedule: when the full limit returns
+	// reducedNow mirrors reduced for Update, which runs on another goroutine.
+	reducedNow atomic.Bool
+	fullAt     time.Time // back on the schedule: when the full limit returns
 }
 
 // globalAt is step 3 of departLoop for a global lane, called once the local
@@ -131,6 +134,7 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 // fallback) or back to the limit.
 func (l *Lane) setReduced(reduced bool, now time.Time) {
 	l.global.reduced = reduced
+	l.global.reducedNow.Store(reduced)
 	cfg := pacerConfig(*l.conf())
 	if reduced {
 		cfg.Limit /= shaper.Limit(l.global.hint)

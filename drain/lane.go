@@ -227,8 +227,12 @@ func (l *Lane) Update(cfg config.Lane) error {
 	}
 	l.cfgp.Store(&cfg)
 	now := time.Now()
+	pc := pacerConfig(cfg)
+	if l.global != nil && l.global.reducedNow.Load() {
+		pc.Limit /= shaper.Limit(l.global.hint) // in fallback: stay at limit / replicas_hint
+	}
 	l.mu.Lock()
-	l.pacer.SetConfig(pacerConfig(cfg), now)
+	l.pacer.SetConfig(pc, now)
 	if old.Rate.Limit != cfg.Rate.Limit {
 		l.pacer.Rebase(now) // the next gap is the new interval
 	}
@@ -412,13 +416,13 @@ func (l *Lane) admit(m *shaper.Message, reserved bool) {
 		return
 	}
 	now := time.Now()
-	// Projected wait (reject mode): what is ahead at the ramp's rate, plus
-	// what is left of a pause.
+	// Projected wait (reject mode): until the pacer's next departure (a
+	// pause included), then what is ahead at the ramp's rate.
 	l.mu.Lock()
 	rate := l.pacer.RampRate(now)
 	maxWait := l.conf().Bucket.MaxWait
-	if paused := l.pacer.PausedUntil().Sub(now); maxWait > 0 && paused > 0 {
-		maxWait -= paused
+	if first := l.pacer.Next(now).Sub(now); maxWait > 0 && first > 0 {
+		maxWait -= first
 		if maxWait <= 0 {
 			maxWait = 1 // any wait exceeds it
 			rate = 0
