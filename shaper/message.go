@@ -1,7 +1,9 @@
 // Package shaper holds the semantics of a lane: the message model, the bounded
 // bucket, the pacer (constant rate, slack, warmup, pauses) and the parsing of
-// rates. It performs no I/O: it imports no NATS, HTTP or Redis package, so every
-// rule here is testable as pure functions of time or under testing/synctest.
+// rates. It performs no network I/O: it imports no NATS, HTTP or Redis package,
+// so every rule here is testable as pure functions of time or under
+// testing/synctest. The one system interface it touches is the clock: the
+// precise waiter (wait_linux.go) sleeps on a timerfd.
 package shaper
 
 import (
