@@ -252,12 +252,13 @@ func (p *Pacer) Depart(ready, now time.Time) {
 // by its lateness, and Wire reports true (the next departure's time moved).
 func (p *Pacer) Wire(departed, wired time.Time) bool {
 	d := max(wired.Sub(departed), 0)
+	// The estimate starts at 0, not at the first sample: the first request
+	// pays the connection's dial, which is not usual (it once let the second
+	// request reach the downstream 1 ms after the first). Moving average with
+	// 1/8 weight, of samples clamped to twice the estimate (+1 µs so that it
+	// can grow from 0 within some 60 requests), so that one stuck request
+	// does not inflate it.
 	usual := p.wireDelay
-	if usual == 0 {
-		usual = d
-	}
-	// Moving average with 1/8 weight, of samples clamped to twice the
-	// estimate so that one stuck request does not inflate it.
 	p.wireDelay = usual + (min(d, 2*usual+time.Microsecond)-usual)/8
 	anchor := wired.Add(-min(usual, d))
 	if anchor.After(p.last) {

@@ -467,3 +467,18 @@ func TestPacerWireAnchor(t *testing.T) {
 		}
 	}
 }
+
+// TestPacerWireFirstRequestDial: the first request pays a dial of several
+// milliseconds; that must push the second one back, not teach the pacer that
+// such a delay is usual.
+func TestPacerWireFirstRequestDial(t *testing.T) {
+	p := NewPacer(PacerConfig{Limit: 100}, t0)
+	at := p.Next(t0)
+	p.Depart(t0, at)
+	wire0 := at.Add(6 * time.Millisecond) // dial + write
+	p.Wire(at, wire0)
+	next := p.Next(at)
+	if wire1 := next.Add(200 * time.Microsecond); wire1.Sub(wire0) < 9900*time.Microsecond {
+		t.Fatalf("second request on the wire %v after the first, want ≥ 9.9ms", wire1.Sub(wire0))
+	}
+}
