@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/shaper-dev/shaper/shaper"
@@ -254,10 +255,10 @@ func NewHTTP(cfg HTTPConfig, opts ...Option) (*HTTP, error) {
 	}
 	s.transport = &http.Transport{
 		Proxy: http.ProxyFromEnvironment,
-		DialContext: (&net.Dialer{
+		DialContext: wireDialer(&net.Dialer{
 			Timeout:   30 * time.Second,
 			KeepAlive: 30 * time.Second,
-		}).DialContext,
+		}),
 		ForceAttemptHTTP2:     true,
 		MaxIdleConns:          o.maxIdle,
 		MaxIdleConnsPerHost:   o.maxIdle,
@@ -272,6 +273,33 @@ func NewHTTP(cfg HTTPConfig, opts ...Option) (*HTTP, error) {
 		},
 	}
 	return s, nil
+}
+
+// wireConn reports, once per request, when a Write of the connection
+// returned: the request left for the downstream (shaper.WithWire). HTTP/1.1
+// sends one request at a time on a connection, and the transport flushes a
+// request with small body in one Write.
+type wireConn struct {
+	net.Conn
+	pending atomic.Pointer[func(time.Time)]
+}
+
+func (c *wireConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if fn := c.pending.Swap(nil); fn != nil && err == nil {
+		(*fn)(time.Now())
+	}
+	return n, err
+}
+
+func wireDialer(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &wireConn{Conn: c}, nil
+	}
 }
 
 // ReportsWire reports true: Send calls the function of shaper.WithWire when
@@ -296,10 +324,27 @@ func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
 	}
 	rctx := ctx
 	if wire := shaper.WireFrom(ctx); wire != nil {
-		// Report when the request is on the wire (shaper.WithWire).
+		// Report when the request is on the wire (shaper.WithWire): when
+		// the connection's Write of it returned. WroteRequest alone is too
+		// early — it fires when the request is in the connection's buffer,
+		// before the transport's writer goroutine flushes it, and that
+		// goroutine can be descheduled in between (measured: 1 ms). It is the
+		// fallback for a caller-supplied Client, whose connections are not
+		// ours.
+		var viaConn atomic.Bool
 		rctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+			GotConn: func(info httptrace.GotConnInfo) {
+				c := info.Conn
+				if tc, ok := c.(interface{ NetConn() net.Conn }); ok { // TLS
+					c = tc.NetConn()
+				}
+				if wc, ok := c.(*wireConn); ok {
+					viaConn.Store(true)
+					wc.pending.Store(&wire)
+				}
+			},
 			WroteRequest: func(info httptrace.WroteRequestInfo) {
-				if info.Err == nil {
+				if info.Err == nil && !viaConn.Load() {
 					wire(time.Now())
 				}
 			},
