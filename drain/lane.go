@@ -317,13 +317,21 @@ func (l *Lane) Drain(ctx context.Context) Summary {
 	}
 	l.log.Info("lane draining", "bucket_depth", l.bucket.Len())
 	close(l.fetchStop)
-	<-l.fetchDone
+	// The pull in progress can take up to sources.FetchExpiry to end; the
+	// end of ctx (drain timeout, second signal) stops departures meanwhile,
+	// not after it (found by TestChaosDoubleSIGTERMFastPath: ~70 departures
+	// after the second signal).
 	select {
-	case <-l.departDone: // the bucket ran empty
+	case <-l.fetchDone:
+		select {
+		case <-l.departDone: // the bucket ran empty
+		case <-ctx.Done():
+		}
 	case <-ctx.Done():
 	}
 	close(l.departStop)
 	<-l.departDone
+	<-l.fetchDone // what the last pull brought is in the bucket: handed back below
 	left := 0
 	for {
 		m, _ := l.bucket.Pop()
