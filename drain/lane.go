@@ -149,6 +149,8 @@ type Lane struct {
 	draining   atomic.Bool
 
 	delivered, nacked, deadLettered atomic.Int64
+	failures                        atomic.Int64 // failed attempts since the last warning
+	failureLogAt                    atomic.Int64 // unix ns of the last warning
 }
 
 // New returns a lane named name for cfg, reading from src and delivering to
@@ -670,8 +672,28 @@ func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
 		}
 	}
 	l.log.Debug("attempt failed", "msg_id", m.Key(), "attempt", m.NumDelivered, "status", status, "err", err, "retry_in", delay)
+	l.warnFailures(m, status, err, delay)
 	l.m.Deliveries[metrics.OutcomeRetry].Inc()
 	l.nak(m, delay, reason)
+}
+
+// failureLogEvery bounds the warnings about failing attempts: one line per
+// lane per period, with how many failed since the last one.
+const failureLogEvery = 10 * time.Second
+
+// warnFailures logs failing attempts at warn level, at most once per
+// failureLogEvery, so that an operator sees a hanging or failing downstream in
+// the logs without one line per message.
+func (l *Lane) warnFailures(m *shaper.Message, status int, err error, delay time.Duration) {
+	n := l.failures.Add(1)
+	now := time.Now().UnixNano()
+	last := l.failureLogAt.Load()
+	if now-last < int64(failureLogEvery) || !l.failureLogAt.CompareAndSwap(last, now) {
+		return
+	}
+	l.failures.Add(-n)
+	l.log.Warn("delivery attempts failing; messages are retried", "failed_attempts", n,
+		"last_status", status, "last_err", err, "msg_id", m.Key(), "retry_in", delay)
 }
 
 // backoff returns the retry delay for delivery count n (SPEC §3: indexed by
