@@ -371,10 +371,16 @@ func (l *Lane) fetchLoop() {
 			return
 		default:
 		}
-		want := l.bucket.Reserve(l.bucket.Capacity())
-		if reject {
-			l.bucket.Release(want)
-			want = min(l.bucket.Capacity(), 256)
+		capacity := l.bucket.Capacity()
+		want := 0
+		switch {
+		case reject:
+			want = min(capacity, 256)
+		case l.bucket.Len() == 0 || l.bucket.Free() >= fetchLowWater(capacity):
+			// Block mode: one pull per batch of freed slots, not one per
+			// departure (a pull request costs an inbox, a subscription and
+			// a JSON request); an empty bucket always asks at once.
+			want = l.bucket.Reserve(capacity)
 		}
 		if want == 0 {
 			select {
@@ -405,6 +411,11 @@ func (l *Lane) fetchLoop() {
 		backoff = 100 * time.Millisecond
 	}
 }
+
+// fetchLowWater is how many slots must be free before a lane whose bucket
+// still holds messages pulls again: a quarter of the capacity, at most 64.
+// The messages still waiting cover the pull's round trip.
+func fetchLowWater(capacity int) int { return max(1, min(capacity/4, 64)) }
 
 // admit puts m into the bucket, or dead-letters it when it does not fit.
 func (l *Lane) admit(m *shaper.Message, reserved bool) {

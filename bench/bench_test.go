@@ -1,0 +1,105 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestBenchQuick runs `go run ./bench -quick` so that CI notices when the
+// harness rots (an API it uses changed, a contender stopped delivering, a
+// consumer kept messages unacked). It checks the report's shape, not the
+// numbers: CI machines are shared and the race detector slows everything.
+func TestBenchQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the quick benchmark (about 30 s)")
+	}
+	out := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-quick", "-out", out}, &stdout, &stderr); code != 0 {
+		t.Fatalf("bench -quick exited %d:\n%s", code, stderr.String())
+	}
+	written, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(written, stdout.Bytes()) {
+		t.Error("the report written differs from the one printed")
+	}
+	md := string(written)
+	for _, want := range []string{
+		"# Benchmarks", "go run ./bench -quick", "## Headlines",
+		"## 1. Pacing precision", "### 100/s", "### 1,000/s", "### 10,000/s", "### 50,000/s",
+		"## 2. Strict judge", "## 3. Throughput ceiling", "## 4. Overhead at 1,000/s",
+		"## 5. Memory of a full bucket", "## 6. Redis global pacing", "Not yet implemented (issue 5)",
+		"| shaper ", "| x/time/rate ", "| uber ratelimit ", "| uber WithoutSlack ", "| time.Ticker ",
+		"| shaper lane, 1e6/s, no-op sink ", "| nats.go Consume + Ack (ceiling) ",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if strings.Contains(md, "Failed measurements") {
+		t.Errorf("some measurements failed:\n%s", md)
+	}
+}
+
+func ms(v ...int) []time.Duration {
+	out := make([]time.Duration, len(v))
+	for i, x := range v {
+		out[i] = time.Duration(x) * time.Millisecond
+	}
+	return out
+}
+
+func TestMaxInWindow(t *testing.T) {
+	at := ms(0, 10, 20, 20, 31, 1000)
+	for _, c := range []struct {
+		w    time.Duration
+		want int
+	}{{0, 2}, {9 * time.Millisecond, 2}, {10 * time.Millisecond, 3}, {11 * time.Millisecond, 3},
+		{21 * time.Millisecond, 4}, {31 * time.Millisecond, 5}, {time.Second, 6}} {
+		if got := maxInWindow(at, c.w); got != c.want {
+			t.Errorf("window %s: got %d, want %d", c.w, got, c.want)
+		}
+	}
+}
+
+func TestIdealWindow(t *testing.T) {
+	for _, c := range []struct {
+		w    time.Duration
+		rate float64
+		want int
+	}{{time.Millisecond, 100, 1}, {10 * time.Millisecond, 100, 2}, {time.Second, 100, 101},
+		{time.Millisecond, 1000, 2}, {time.Millisecond, 50000, 51}, {10 * time.Millisecond, 10000, 101}} {
+		if got := idealWindow(c.w, c.rate); got != c.want {
+			t.Errorf("idealWindow(%s, %v) = %d, want %d", c.w, c.rate, got, c.want)
+		}
+	}
+}
+
+func TestJudge(t *testing.T) {
+	// Limit 100/s: 10 ms minimum after the previous accepted departure.
+	s := series{at: ms(0, 10, 19, 21, 30, 31, 45)}
+	j := judge(s, 100)
+	// 0 ok, 10 ok, 19 rejected (9 after 10), 21 ok (11 after 10),
+	// 30 rejected (9 after 21), 31 ok (10 after 21), 45 ok.
+	if j.rejected != 2 || j.minGap != time.Millisecond {
+		t.Errorf("judge: %d rejected, min gap %s; want 2 and 1ms", j.rejected, j.minGap)
+	}
+}
+
+func TestFmtInt(t *testing.T) {
+	for v, want := range map[float64]string{0: "0", 999: "999", 1000: "1,000", 50000: "50,000", 1234567: "1,234,567", -1500: "-1,500"} {
+		if got := fmtInt(v); got != want {
+			t.Errorf("fmtInt(%v) = %q, want %q", v, got, want)
+		}
+	}
+}

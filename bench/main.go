@@ -1,0 +1,87 @@
+// Command bench measures shaper against what users would pick instead —
+// golang.org/x/time/rate, go.uber.org/ratelimit, a time.Ticker loop, a bare
+// nats.go pull consumer — side by side in one run on one machine, and writes
+// the tables to docs/BENCHMARKS.md (issue 7).
+//
+//	go run ./bench            # full run, under 5 minutes on 2 cores
+//	go run ./bench -quick     # under a minute; CI runs it (TestBenchQuick)
+//	go run ./bench -out FILE  # write the report elsewhere
+//
+// It prints the same Markdown on stdout and its progress on stderr.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	quick := fs.Bool("quick", false, "short run (under 60 s) for CI: fewer departures and messages")
+	out := fs.String("out", "", "where to write the report (default docs/BENCHMARKS.md of the module)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "bench: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	path := *out
+	if path == "" {
+		root, err := moduleRoot()
+		if err != nil {
+			fmt.Fprintln(stderr, "bench:", err)
+			return 1
+		}
+		path = filepath.Join(root, "docs", "BENCHMARKS.md")
+	}
+	cmd := "go run ./bench"
+	if len(args) > 0 {
+		cmd += " " + strings.Join(args, " ")
+	}
+	res, err := Run(Options{Quick: *quick, Command: cmd, Progress: stderr})
+	if err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 1
+	}
+	md := res.Markdown()
+	fmt.Fprint(stdout, md)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 1
+	}
+	if err := os.WriteFile(path, []byte(md), 0o644); err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "bench: wrote %s (%s)\n", path, res.took.Round(100_000_000))
+	if len(res.problems) > 0 {
+		fmt.Fprintf(stderr, "bench: %d measurement(s) failed, see the report\n", len(res.problems))
+		return 1
+	}
+	return 0
+}
+
+// moduleRoot walks up from the working directory to the directory holding
+// go.mod, so that `go run .` inside bench/ writes the same file.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d, nil
+		}
+		if filepath.Dir(d) == d {
+			return "", fmt.Errorf("no go.mod above %s: pass -out", dir)
+		}
+	}
+}
