@@ -1,0 +1,307 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The lane semantics of issue 3 end to end: real NATS (the daemon's embedded
+// server), real HTTP. Timing bounds carry margins for a noisy 2-core machine.
+
+// scripted is a downstream whose answer per request is chosen by answer
+// (status, Retry-After header value or "").
+type scripted struct {
+	srv    *httptest.Server
+	answer func(key string, attempt int, since time.Duration) (int, string)
+	start  time.Time
+
+	mu       sync.Mutex
+	calls    []scriptedCall
+	attempts map[string]int
+}
+
+type scriptedCall struct {
+	at     time.Time
+	key    string
+	status int
+}
+
+func newScripted(t *testing.T, answer func(key string, attempt int, since time.Duration) (int, string)) *scripted {
+	t.Helper()
+	s := &scripted{answer: answer, start: time.Now(), attempts: map[string]int{}}
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		at := time.Now()
+		key := r.Header.Get("Idempotency-Key")
+		s.mu.Lock()
+		s.attempts[key]++
+		n := s.attempts[key]
+		s.mu.Unlock()
+		status, retryAfter := 204, ""
+		if s.answer != nil {
+			status, retryAfter = s.answer(key, n, at.Sub(s.start))
+		}
+		s.mu.Lock()
+		s.calls = append(s.calls, scriptedCall{at: at, key: key, status: status})
+		s.mu.Unlock()
+		if retryAfter != "" {
+			w.Header().Set("Retry-After", retryAfter)
+		}
+		w.WriteHeader(status)
+	}))
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+func (s *scripted) snapshot() []scriptedCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]scriptedCall(nil), s.calls...)
+}
+
+func (s *scripted) delivered() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ok := map[string]int{}
+	for _, c := range s.calls {
+		if c.status/100 == 2 {
+			ok[c.key]++
+		}
+	}
+	return ok
+}
+
+func (s *scripted) waitDelivered(t *testing.T, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for len(s.delivered()) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s only %d of %d delivered", timeout, len(s.delivered()), n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// laneYAML renders a config with one lane "sem" whose bucket, rate and task
+// sections are given as YAML flow mappings.
+func laneYAML(t *testing.T, bucket, rate, task, sinkURL string) string {
+	return fmt.Sprintf(`
+nats: { url: "", embedded: { listen: "127.0.0.1:0", store_dir: %q } }
+admin: { listen: "127.0.0.1:0" }
+shutdown: { drain_timeout: 5s }
+downstreams:
+  sem:
+    source: { stream: E2E_SEM, subjects: ["e2e.sem.>"], ack_wait: 60s, max_deliver: 5 }
+    bucket: %s
+    rate: %s
+    task: %s
+    sink: { kind: http, url: %q }
+`, filepath.Join(t.TempDir(), "nats"), bucket, rate, task, sinkURL)
+}
+
+// deadLetters reads the dead-letter stream: key -> Shaper-Reason.
+func deadLetters(t *testing.T, js jetstream.JetStream, want int, timeout time.Duration) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, err := js.OrderedConsumer(ctx, "SHAPER_DEAD", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"shaper.dead.sem"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for len(out) < want {
+		batch, err := c.Fetch(want-len(out), jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			out[m.Headers().Get("Nats-Msg-Id")] = m.Headers().Get("Shaper-Reason")
+			if m.Headers().Get("Shaper-Downstream") != "sem" || m.Headers().Get("Shaper-Stream") != "E2E_SEM" {
+				t.Errorf("dead letter headers %v", m.Headers())
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return out
+}
+
+// TestE2EColdStartWarmup: issue 3 — limit 100/s, cold factor 4, period 4 s:
+// at most 35 departures in the first second (the ramp's integral, 34.4, plus
+// one), and the cumulative count follows the ramp.
+func TestE2EColdStartWarmup(t *testing.T) {
+	down := newScripted(t, nil)
+	d := startDaemon(t, laneYAML(t, "{ capacity: 1000 }", "{ limit: 100/s, warmup: { period: 4s, cold_factor: 4 } }",
+		"{ timeout: 5s, max_in_flight: 8 }", down.srv.URL))
+	waitReady(t, d.adminAddr(), 10*time.Second)
+	js := connectJS(t, d.natsURL())
+	publishBurst(t, js, "e2e.sem.job", 600)
+	down.waitDelivered(t, 600, 30*time.Second)
+	calls := down.snapshot()
+	first := calls[0].at
+	integral := func(x float64) float64 { // ∫ rate, cold 25/s rising to 100/s over 4 s
+		if x <= 4 {
+			return 25*x + 75*x*x/8
+		}
+		return 25*4 + 75*2 + 100*(x-4)
+	}
+	inFirst := 0
+	for i, c := range calls {
+		x := c.at.Sub(first).Seconds()
+		if x < 1 {
+			inFirst++
+		}
+		// +2: one for SPEC's "+1", one for the HTTP path's jitter.
+		if float64(i+1) > integral(x)+2 {
+			t.Fatalf("call %d at %.3fs exceeds the ramp integral %.1f (+2)", i+1, x, integral(x))
+		}
+	}
+	if inFirst > 35 {
+		t.Errorf("%d calls in the first second, want ≤ 35", inFirst)
+	}
+	// Warm after the period: the last 200 arrive at ~100/s.
+	tail := calls[len(calls)-200:]
+	if rate := 199 / tail[len(tail)-1].at.Sub(tail[0].at).Seconds(); rate < 95 || rate > 101 {
+		t.Errorf("rate once warm %.1f/s, want ~100/s", rate)
+	}
+}
+
+// TestE2ERejectOverflow: issue 3 / case C10 on real NATS — overflow reject
+// with max_wait 1.5 s at 10/s: of 30 messages at once about 16 are delivered
+// and the rest dead-lettered at once with reason max_wait or overflow; none
+// both, none lost.
+func TestE2ERejectOverflow(t *testing.T) {
+	down := newScripted(t, nil)
+	d := startDaemon(t, laneYAML(t, "{ capacity: 20, overflow: reject, max_wait: 1500ms }", "{ limit: 10/s }",
+		"{ timeout: 5s, max_in_flight: 8 }", down.srv.URL))
+	waitReady(t, d.adminAddr(), 10*time.Second)
+	js := connectJS(t, d.natsURL())
+	keys := publishBurst(t, js, "e2e.sem.job", 30)
+	time.Sleep(3 * time.Second)
+	ok := down.delivered()
+	dl := deadLetters(t, js, 30-len(ok), 5*time.Second)
+	// The burst reaches the lane in pulls, so the first departure may leave
+	// before the last admission: 16 ± 1 fit within max_wait.
+	if len(ok) < 15 || len(ok) > 17 {
+		t.Errorf("%d delivered, want 16 ± 1", len(ok))
+	}
+	for _, k := range keys {
+		_, delivered := ok[k]
+		reason, dead := dl[k]
+		switch {
+		case delivered && dead:
+			t.Errorf("%s delivered and dead-lettered", k)
+		case !delivered && !dead:
+			t.Errorf("%s lost: neither delivered nor dead-lettered", k)
+		case dead && reason != "max_wait" && reason != "overflow":
+			t.Errorf("%s dead-lettered with reason %q", k, reason)
+		}
+		if ok[k] > 1 {
+			t.Errorf("%s delivered %d times", k, ok[k])
+		}
+	}
+	samples := scrape(t, d.adminAddr())
+	m := metricValue(t, samples, "shaper_dead_letters_total", map[string]string{"lane": "sem", "reason": "max_wait"}) +
+		metricValue(t, samples, "shaper_dead_letters_total", map[string]string{"lane": "sem", "reason": "overflow"})
+	if int(m) != len(dl) {
+		t.Errorf("shaper_dead_letters_total %v, dead-letter stream holds %d", m, len(dl))
+	}
+	waitConsumerSettled(t, js, "E2E_SEM", "shaper-sem", 5*time.Second)
+}
+
+// TestE2ERetryAfterPausesLane: issue 3 — a 429 with Retry-After: 2 pauses
+// the whole lane: no request for ~2 s, then the rate resumes with no burst.
+func TestE2ERetryAfterPausesLane(t *testing.T) {
+	var once sync.Once
+	var pausedAt time.Duration
+	down := newScripted(t, func(key string, attempt int, since time.Duration) (int, string) {
+		status := 204
+		if since > 500*time.Millisecond {
+			once.Do(func() { status, pausedAt = 429, since })
+		}
+		if status == 429 {
+			return 429, "2"
+		}
+		return 204, ""
+	})
+	d := startDaemon(t, laneYAML(t, "{ capacity: 1000 }", "{ limit: 50/s }", "{ timeout: 5s, max_in_flight: 8 }", down.srv.URL))
+	waitReady(t, d.adminAddr(), 10*time.Second)
+	js := connectJS(t, d.natsURL())
+	publishBurst(t, js, "e2e.sem.job", 250)
+	down.waitDelivered(t, 250, 30*time.Second)
+	calls := down.snapshot()
+	var t429 time.Time
+	for _, c := range calls {
+		if c.status == 429 {
+			t429 = c.at
+		}
+	}
+	if t429.IsZero() {
+		t.Fatal("the downstream never answered 429")
+	}
+	var next time.Time
+	for _, c := range calls {
+		if c.at.After(t429) {
+			next = c.at
+			break
+		}
+	}
+	// The requests already on their way when the 429 came back may still
+	// arrive; after that, nothing until the pause ends.
+	if gap := next.Sub(t429); gap < 1900*time.Millisecond {
+		var early int
+		for _, c := range calls {
+			if c.at.After(t429) && c.at.Before(t429.Add(1900*time.Millisecond)) {
+				early++
+			}
+		}
+		if early > 1 {
+			t.Errorf("%d requests within 1.9s after the 429 (Retry-After: 2), want ≤ 1 already in flight", early)
+		}
+	}
+	var ts []time.Time
+	for _, c := range calls {
+		ts = append(ts, c.at)
+	}
+	assertRate(t, "1s windows", ts, time.Second, 51+1) // +1: HTTP jitter at the window edge
+	if v := metricValue(t, scrape(t, d.adminAddr()), "shaper_retries_total", map[string]string{"lane": "sem", "reason": "rate_limited"}); v != 1 {
+		t.Errorf("retries{rate_limited} = %v, want 1", v)
+	}
+	t.Logf("429 at %v; next request %v later", pausedAt, next.Sub(t429))
+}
+
+// TestE2EBadRequestDeadLetters: issue 3 — a 400 is not retried: the message
+// goes to the dead letter with reason rejected_by_sink and is terminated.
+func TestE2EBadRequestDeadLetters(t *testing.T) {
+	down := newScripted(t, func(key string, attempt int, since time.Duration) (int, string) {
+		if key == msgKey(5) {
+			return 400, ""
+		}
+		return 204, ""
+	})
+	d := startDaemon(t, laneYAML(t, "{ capacity: 100 }", "{ limit: 100/s }", "{ timeout: 5s, max_in_flight: 8 }", down.srv.URL))
+	waitReady(t, d.adminAddr(), 10*time.Second)
+	js := connectJS(t, d.natsURL())
+	publishBurst(t, js, "e2e.sem.job", 20)
+	down.waitDelivered(t, 19, 10*time.Second)
+	dl := deadLetters(t, js, 1, 5*time.Second)
+	if dl[msgKey(5)] != "rejected_by_sink" {
+		t.Errorf("dead letters %v, want %s with rejected_by_sink", dl, msgKey(5))
+	}
+	time.Sleep(1500 * time.Millisecond) // a retry would come after the 1s backoff
+	down.mu.Lock()
+	n := down.attempts[msgKey(5)]
+	down.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%s attempted %d times, want 1 (no retry for a 400)", msgKey(5), n)
+	}
+	waitConsumerSettled(t, js, "E2E_SEM", "shaper-sem", 5*time.Second)
+}
