@@ -219,6 +219,8 @@ func TestLoad_Broken(t *testing.T) {
 			key: lanePfx + "source.max_deliver", want: []string{"-1", "got 0"}},
 		{name: "max_ack_pending negative", text: laneYAML("", "source: {stream: S, subjects: [a.>], max_ack_pending: -1}"),
 			key: lanePfx + "source.max_ack_pending", want: []string{"got -1"}},
+		{name: "max_ack_pending below max_in_flight", text: laneYAML("", "source: {stream: S, subjects: [a.>], max_ack_pending: 4}"),
+			key: lanePfx + "source.max_ack_pending", want: []string{"task.max_in_flight (8)", "got 4"}},
 		{name: "slack negative", text: laneYAML("", "rate: {limit: 10/s, slack: -1}"),
 			key: lanePfx + "rate.slack", want: []string{"got -1"}},
 		{name: "cold_factor 0.5", text: laneYAML("", "rate: {limit: 10/s, warmup: {period: 10s, cold_factor: 0.5}}"),

@@ -332,6 +332,16 @@ func (v *validator) lane(name string, l Lane) {
 		"must be ≥ 1, or -1 for unlimited, got %d", l.Source.MaxDeliver)
 	v.check(l.Source.MaxAckPending >= 0, k("source.max_ack_pending"),
 		"must be ≥ 0 (0 = derived from the bucket), got %d", l.Source.MaxAckPending)
+	if mapn := l.Source.MaxAckPending; mapn > 0 && l.Task.MaxInFlight > 0 {
+		// The server never hands out more than max_ack_pending messages:
+		// below max_in_flight the task slots can never all be used.
+		v.check(mapn >= l.Task.MaxInFlight, k("source.max_ack_pending"),
+			"must be ≥ task.max_in_flight (%d), got %d: the server would never hand out enough messages to fill the task slots",
+			l.Task.MaxInFlight, mapn)
+		if need := l.Bucket.Capacity + l.Task.MaxInFlight; mapn >= l.Task.MaxInFlight && mapn < need && l.Bucket.Capacity > 0 {
+			v.warn(k("source.max_ack_pending"), "%d is below bucket.capacity + task.max_in_flight (%d): the bucket can never fill", mapn, need)
+		}
+	}
 	v.check(l.Source.MaxMessageBytes >= 0, k("source.max_message_bytes"),
 		"must be ≥ 0 (0 = no limit), got %d", l.Source.MaxMessageBytes)
 
