@@ -26,6 +26,7 @@ type scripted struct {
 	mu       sync.Mutex
 	calls    []scriptedCall
 	attempts map[string]int
+	lastAuth string // Authorization header of the last request
 }
 
 type scriptedCall struct {
@@ -43,6 +44,7 @@ func newScripted(t *testing.T, answer func(key string, attempt int, since time.D
 		s.mu.Lock()
 		s.attempts[key]++
 		n := s.attempts[key]
+		s.lastAuth = r.Header.Get("Authorization")
 		s.mu.Unlock()
 		status, retryAfter := 204, ""
 		if s.answer != nil {
