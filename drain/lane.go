@@ -70,6 +70,11 @@ const (
 	HeaderLastStatus = "Shaper-Last-Status"
 	HeaderStream     = "Shaper-Stream"
 	HeaderStreamSeq  = "Shaper-Stream-Seq"
+	// HeaderKey carries the message's idempotency key (SPEC G8) on a dead
+	// letter, whose own Nats-Msg-Id is "<lane>/<key>": the dead-letter
+	// stream de-duplicates by Nats-Msg-Id, and two lanes may dead-letter
+	// messages with the same key.
+	HeaderKey = "Shaper-Key"
 )
 
 // drainNakDelay is the delay of the naks that hand back a drain's leftovers.
@@ -792,11 +797,10 @@ func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status 
 	h[HeaderLastStatus] = []string{strconv.Itoa(status)}
 	h[HeaderStream] = []string{m.Stream}
 	h[HeaderStreamSeq] = []string{strconv.FormatUint(m.StreamSeq, 10)}
+	h[HeaderKey] = []string{m.Key()}
+	h[shaper.MsgIDHeader] = []string{l.name + "/" + m.Key()}
 	dm := *m
 	dm.Header = h
-	if _, ok := h[shaper.MsgIDHeader]; !ok {
-		h[shaper.MsgIDHeader] = []string{m.Key()}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
 	err := l.dead.Send(ctx, &dm)
 	cancel()

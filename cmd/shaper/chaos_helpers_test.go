@@ -520,7 +520,7 @@ type deadLetter struct {
 }
 
 // deadLetters reads the lane's dead letters (subject shaper.dead.<lane> of
-// stream SHAPER_DEAD) by idempotency key (their Nats-Msg-Id).
+// stream SHAPER_DEAD) by idempotency key (their Shaper-Key header).
 func (r *chaosRig) deadLetters() map[string]*deadLetter {
 	out := map[string]*deadLetter{}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -547,7 +547,7 @@ func (r *chaosRig) deadLetters() map[string]*deadLetter {
 		if m.Subject != "shaper.dead."+chaosLaneName {
 			continue
 		}
-		key := m.Header.Get(jetstream.MsgIDHeader)
+		key := m.Header.Get(drain.HeaderKey)
 		dl := out[key]
 		if dl == nil {
 			dl = &deadLetter{reason: m.Header.Get(drain.HeaderReason)}

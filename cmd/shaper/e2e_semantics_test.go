@@ -124,7 +124,7 @@ func deadLetters(t *testing.T, js jetstream.JetStream, want int, timeout time.Du
 			t.Fatal(err)
 		}
 		for m := range batch.Messages() {
-			out[m.Headers().Get("Nats-Msg-Id")] = m.Headers().Get("Shaper-Reason")
+			out[m.Headers().Get("Shaper-Key")] = m.Headers().Get("Shaper-Reason")
 			if m.Headers().Get("Shaper-Downstream") != "sem" || m.Headers().Get("Shaper-Stream") != "E2E_SEM" {
 				t.Errorf("dead letter headers %v", m.Headers())
 			}
