@@ -129,6 +129,12 @@ func (p *problems) err() error {
 // Validate does not apply defaults: it expects a Config from [Load] (or one
 // filled in completely by hand). It is safe to call again on a Config, for
 // example by the daemon before applying a reloaded configuration.
+// MinLimit and MaxLimit bound rate.limit, in messages per second.
+const (
+	MinLimit = 1.0 / 86400
+	MaxLimit = 1e6
+)
+
 func Validate(c *Config) ([]Warning, error) {
 	p := newProblems()
 	if c == nil {
@@ -363,6 +369,13 @@ func (v *validator) lane(name string, l Lane) {
 		v.check(false, k("rate.limit"), "required (e.g. 100/s)")
 	case limit < 0 || math.IsNaN(limit) || math.IsInf(limit, 0):
 		v.check(false, k("rate.limit"), "must be positive and finite, got %v", limit)
+	case limit < MinLimit || limit > MaxLimit:
+		// Outside this range the emission interval does not fit the
+		// pacer's arithmetic (time.Duration spans 292 years) or is below
+		// what a pull consumer can feed.
+		v.check(false, k("rate.limit"), "must be between 1/24h and 1000000/s, got %v/s", limit)
+	case limit > 10000:
+		v.warn(k("rate.limit"), "%v/s is above 10,000/s, the highest rate SPEC G1 guarantees: expect small batches and a lower achieved rate", limit)
 	}
 	v.check(l.Rate.Slack >= 0, k("rate.slack"), "must be ≥ 0, got %d", l.Rate.Slack)
 	if limit > 0 && !math.IsInf(limit, 0) && float64(l.Rate.Slack) > limit {

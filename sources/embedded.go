@@ -3,6 +3,7 @@ package sources
 import (
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"time"
 
@@ -33,6 +34,16 @@ func StartEmbedded(listen, storeDir string) (*server.Server, error) {
 			return nil, fmt.Errorf("nats.embedded.listen %s: %w", listen, err)
 		}
 		ln.Close()
+	}
+	// An unwritable store would only show as "not ready" after the timeout.
+	if err := os.MkdirAll(storeDir, 0o750); err != nil {
+		return nil, fmt.Errorf("nats.embedded.store_dir %q: %w", storeDir, err)
+	}
+	if f, err := os.CreateTemp(storeDir, ".shaper-write-check-*"); err != nil {
+		return nil, fmt.Errorf("nats.embedded.store_dir %q is not writable: %w", storeDir, err)
+	} else {
+		f.Close()
+		os.Remove(f.Name())
 	}
 	opts := &server.Options{
 		ServerName:         "shaper-embedded",

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -174,6 +175,16 @@ one lane; publishes a flash-sale burst followed by a trickle; prints a per-secon
 table and a summary. It exits 1 if any message was lost or rejected.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case !(o.limit > 0) || o.limit > 10000:
+				return &exitError{code: exitUsage, err: fmt.Errorf("demo: --limit must be in (0, 10000], got %g", o.limit)}
+			case o.burst < 0 || o.trickleRate < 0 || o.trickleFor < 0:
+				return &exitError{code: exitUsage, err: errors.New("demo: --burst, --trickle-rate and --trickle-for must be ≥ 0")}
+			case o.burst+o.trickleRate == 0:
+				return &exitError{code: exitUsage, err: errors.New("demo: nothing to publish (--burst and --trickle-rate are 0)")}
+			case o.bucketCapacity < 1 || o.maxInFlight < 1 || o.timeout <= 0:
+				return &exitError{code: exitUsage, err: errors.New("demo: --capacity, --max-in-flight and --timeout must be positive")}
+			}
 			ok, err := runDemo(cmd.Context(), o, stdout, stderr)
 			if err != nil {
 				return &exitError{code: exitFailure, err: fmt.Errorf("demo: %w", err)}
@@ -443,7 +454,20 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (bool
 	if ok {
 		fmt.Fprintln(stdout, "result: OK — nothing lost, no request rejected by the downstream")
 	} else {
-		fmt.Fprintln(stdout, "result: FAILED — see the summary above")
+		var why []string
+		if missing > 0 {
+			why = append(why, fmt.Sprintf("%d not delivered before --timeout (handed back to the stream, not lost; raise --timeout)", missing))
+		}
+		if down.rejected > 0 {
+			why = append(why, fmt.Sprintf("the downstream rejected %d requests (429)", down.rejected))
+		}
+		if pubErr != nil {
+			why = append(why, "a publish failed")
+		}
+		if info == nil || info.NumAckPending != 0 || info.NumPending != 0 {
+			why = append(why, "the consumer still had messages pending when the demo stopped")
+		}
+		fmt.Fprintf(stdout, "result: FAILED — %s\n", strings.Join(why, "; "))
 	}
 	return ok, nil
 }

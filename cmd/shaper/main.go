@@ -75,8 +75,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 func load(cmd *cobra.Command, stderr io.Writer) (*config.Config, []config.Warning, error) {
 	path, _ := cmd.Flags().GetString("config")
 	cfg, warns, err := config.Load(path, cmd.Flags())
-	for _, w := range warns {
-		fmt.Fprintln(stderr, w.String())
+	if err != nil || cmd.Name() != "run" { // run logs them with its own logger
+		for _, w := range warns {
+			fmt.Fprintln(stderr, w.String())
+		}
 	}
 	if err != nil {
 		return nil, warns, &exitError{code: exitUsage, err: fmt.Errorf("invalid configuration:\n%w", err)}
@@ -109,7 +111,11 @@ func validateCmd(stdout, stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(stdout, "configuration valid (%d warnings)\n", len(warns))
+			plural := "s"
+			if len(warns) == 1 {
+				plural = ""
+			}
+			fmt.Fprintf(stdout, "configuration valid (%d warning%s)\n", len(warns), plural)
 			return nil
 		},
 	}
@@ -133,11 +139,14 @@ func runCmd(stdout, stderr io.Writer) *cobra.Command {
 		Short: "Run the daemon",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, _, err := load(cmd, stderr)
+			cfg, warns, err := load(cmd, stderr)
 			if err != nil {
 				return err
 			}
 			log := newLogger(stderr, cfg.Log.Level, cfg.Log.Format)
+			for _, w := range warns {
+				log.Warn("config warning", "problem", w.String())
+			}
 			d := newDaemon(cfg, log)
 			d.stdout = stdout
 			path, _ := cmd.Flags().GetString("config")
