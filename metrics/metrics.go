@@ -137,3 +137,18 @@ func (m *Metrics) Lane(name string) *Lane {
 // Discard returns the series of lane name on a private registry, for tests
 // and tools that do not export metrics.
 func Discard(name string) *Lane { return New(prometheus.NewRegistry()).Lane(name) }
+
+// Remove deletes every series of lane name (a lane removed by a reload), so
+// that dashboards do not show a lane that no longer exists.
+func (m *Metrics) Remove(name string) {
+	match := prometheus.Labels{"lane": name}
+	for _, v := range []interface {
+		DeletePartialMatch(prometheus.Labels) int
+	}{
+		m.BucketDepth, m.BucketCapacity, m.RateLimit, m.InFlight, m.Admitted, m.Departures,
+		m.Deliveries, m.DeadLetters, m.Retries, m.QueueWait, m.TaskDuration, m.Paused,
+		m.Fallback, m.Redelivered,
+	} {
+		v.DeletePartialMatch(match)
+	}
+}

@@ -52,6 +52,7 @@ type daemon struct {
 	js      jetstream.JetStream
 	mu      sync.Mutex
 	lanes   map[string]*laneRec
+	failed  map[string]string   // lanes a reload could not start: why
 	retired sync.WaitGroup      // lanes draining after a reload removed them
 	redis   *sources.RedisSlots // global rates; nil when no lane has rate.global
 
@@ -149,6 +150,7 @@ type laneRec struct {
 // newLane creates (but does not start) the lane name: its dead-letter
 // stream when its subject has none, source, sink and lane.
 func (d *daemon) newLane(ctx context.Context, name string, lc config.Lane) (*laneRec, error) {
+	d.m.Lane(name) // its series exist even when it fails to start (SPEC §6)
 	// A dead_letter.subject outside shaper.dead.> needs a stream of its own,
 	// or every dead letter would fail and be retried forever.
 	if subj := lc.DeadLetter.Subject; subj != "" {
@@ -256,6 +258,9 @@ func (d *daemon) notReady() string {
 	if d.lanes == nil {
 		return "starting"
 	}
+	for name, why := range d.failed {
+		return "lane " + name + " failed to start: " + why
+	}
 	for name, rec := range d.lanes {
 		if !rec.src.Bound() {
 			return "consumer of lane " + name + " not bound"
@@ -295,11 +300,13 @@ func (d *daemon) reload(ctx context.Context, cfg *config.Config) {
 			closeSink(rec.sink)
 		}()
 	}
+	d.failed = map[string]string{} // retried below with the new configuration
 	for name, rec := range d.lanes {
 		lc, ok := cfg.Downstreams[name]
 		if !ok {
 			delete(d.lanes, name)
 			retire(name, rec, "removed from the configuration")
+			d.m.Remove(name)
 			continue
 		}
 		if reflect.DeepEqual(rec.cfg, lc) {
@@ -318,6 +325,7 @@ func (d *daemon) reload(ctx context.Context, cfg *config.Config) {
 			if err != nil {
 				d.log.Error("reload: lane could not restart", "lane", name, "err", err)
 				delete(d.lanes, name)
+				d.failed[name] = err.Error()
 				continue
 			}
 			d.lanes[name] = nrec
@@ -342,7 +350,8 @@ func (d *daemon) reload(ctx context.Context, cfg *config.Config) {
 		}
 		rec, err := d.newLane(ctx, name, lc)
 		if err != nil {
-			d.log.Error("reload: new lane could not start", "lane", name, "err", err)
+			d.log.Error("reload: new lane could not start (not ready until a reload fixes it)", "lane", name, "err", err)
+			d.failed[name] = err.Error()
 			continue
 		}
 		d.lanes[name] = rec
