@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -71,8 +72,31 @@ func NewJetStream(ctx context.Context, js jetstream.JetStream, cfg JetStreamConf
 // EnsureStream creates stream name capturing subjects, with file storage,
 // when it does not exist. An existing stream is left as it is.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, subjects []string) error {
-	_, err := js.Stream(ctx, name)
+	st, err := js.Stream(ctx, name)
 	if err == nil {
+		// An existing stream must capture the lane's subjects (two lanes on
+		// one stream, or a subject added to a lane): add what it lacks.
+		cfg := st.CachedInfo().Config
+		var missing []string
+		for _, want := range subjects {
+			covered := false
+			for _, have := range cfg.Subjects {
+				if subjectCovers(have, want) {
+					covered = true
+					break
+				}
+			}
+			if !covered {
+				missing = append(missing, want)
+			}
+		}
+		if len(missing) == 0 {
+			return nil
+		}
+		cfg.Subjects = append(cfg.Subjects, missing...)
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("stream %q does not capture %v and cannot be extended: %w", name, missing, err)
+		}
 		return nil
 	}
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -88,6 +112,28 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, subj
 		return fmt.Errorf("create stream %q: %w", name, err)
 	}
 	return nil
+}
+
+// subjectCovers reports whether every subject matched by want is matched by
+// have (NATS wildcards: "*" one token, ">" the rest).
+func subjectCovers(have, want string) bool {
+	h, w := strings.Split(have, "."), strings.Split(want, ".")
+	for i, ht := range h {
+		if ht == ">" {
+			return i < len(w)
+		}
+		if i >= len(w) {
+			return false
+		}
+		switch {
+		case w[i] == ">":
+			return false
+		case ht == "*" || ht == w[i]:
+		default:
+			return false
+		}
+	}
+	return len(h) == len(w)
 }
 
 func (s *JetStream) bind(ctx context.Context) error {

@@ -307,3 +307,34 @@ func TestE2EBadRequestDeadLetters(t *testing.T) {
 	}
 	waitConsumerSettled(t, js, "E2E_SEM", "shaper-sem", 5*time.Second)
 }
+
+// TestE2ETwoLanesOneStream: two lanes on one stream with different subjects
+// both consume: the stream is extended to capture the second lane's subjects
+// (found by a new-user test: publishes to the second lane failed).
+func TestE2ETwoLanesOneStream(t *testing.T) {
+	down := newScripted(t, nil)
+	cfg := fmt.Sprintf(`
+nats: { url: "", embedded: { listen: "127.0.0.1:0", store_dir: %q } }
+admin: { listen: "127.0.0.1:0" }
+downstreams:
+  pay:
+    source: { stream: SHARED, subjects: ["shared.pay.>"] }
+    rate: { limit: 100/s }
+    sink: { kind: http, url: %q }
+  refund:
+    source: { stream: SHARED, subjects: ["shared.refund.>"] }
+    rate: { limit: 100/s }
+    sink: { kind: http, url: %q }
+`, filepath.Join(t.TempDir(), "nats"), down.srv.URL, down.srv.URL)
+	d := startDaemon(t, cfg)
+	waitReady(t, d.adminAddr(), 10*time.Second)
+	js := connectJS(t, d.natsURL())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, subj := range []string{"shared.pay.1", "shared.refund.1"} {
+		if _, err := js.Publish(ctx, subj, []byte("x")); err != nil {
+			t.Fatalf("publish to %s: %v", subj, err)
+		}
+	}
+	down.waitDelivered(t, 2, 10*time.Second)
+}
