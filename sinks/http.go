@@ -437,6 +437,11 @@ func (s *HTTP) forwardNATSHeaders(h http.Header, from map[string][]string) {
 			}
 			h[key] = append(h[key], v)
 		}
+		// The producer's Content-Type describes the body, which is sent as
+		// it is: pass it on as the request's own, unless sink.headers set one.
+		if strings.EqualFold(name, "Content-Type") && h.Get("Content-Type") == "" && len(values) > 0 && validHeaderValue(values[0]) {
+			h.Set("Content-Type", values[0])
+		}
 	}
 }
 

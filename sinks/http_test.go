@@ -519,3 +519,31 @@ func TestHTTPCloseWaitsForSends(t *testing.T) {
 		t.Errorf("Send after Close: %v, want a retryable error wrapping ErrClosed", err)
 	}
 }
+
+// TestHTTPContentTypeFromMessage: the producer's Content-Type becomes the
+// request's, unless sink.headers sets one.
+func TestHTTPContentTypeFromMessage(t *testing.T) {
+	got := make(chan string, 2)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get("Content-Type")
+		w.WriteHeader(204)
+	}))
+	defer srv.Close()
+	m := &shaper.Message{Stream: "S", StreamSeq: 1, Data: []byte(`{}`), Header: map[string][]string{"Content-Type": {"application/json"}}}
+	for _, tc := range []struct {
+		headers map[string]string
+		want    string
+	}{{nil, "application/json"}, {map[string]string{"Content-Type": "text/plain"}, "text/plain"}} {
+		s, err := sinks.NewHTTP(sinks.HTTPConfig{URL: srv.URL, Headers: tc.headers})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+		if ct := <-got; ct != tc.want {
+			t.Errorf("Content-Type %q, want %q", ct, tc.want)
+		}
+		s.Close()
+	}
+}
