@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -205,9 +206,26 @@ func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 			keys = append(keys, prefix+"sink.headers."+h)
 		}
 	}
+	known := make(map[string]bool, len(keys))
 	for _, k := range keys {
 		if err := v.BindEnv(k, EnvName(k)); err != nil {
 			return nil, warns, fmt.Errorf("config: bind %s: %w", k, err)
+		}
+		known[EnvName(k)] = true
+	}
+	// A misspelt override, or one for a lane the file lacks, would silently
+	// not apply: say so.
+	if haveFile { // variables the file references as ${NAME} are secrets, not overrides
+		if raw, err := os.ReadFile(path); err == nil {
+			for _, m := range envRef.FindAllStringSubmatch(string(raw), -1) {
+				known[m[1]] = true
+			}
+		}
+	}
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, EnvPrefix+"_") && !known[name] {
+			warns = append(warns, Warning{Key: name, Message: "environment variable matches no configuration key (misspelt, or a lane that is not in the file): ignored"})
 		}
 	}
 	if flags != nil {
@@ -505,6 +523,9 @@ func splitList(s string) []string {
 	}
 	return parts
 }
+
+// envRef finds ${NAME} references in the raw file.
+var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 
 // durationHint is the example that duration errors give.
 const durationHint = "(e.g. 5s, 250ms, 1m30s)"

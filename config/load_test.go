@@ -571,6 +571,28 @@ func TestLoad_EnvOverridesFile(t *testing.T) {
 	}
 }
 
+// TestLoad_EnvMisspeltWarns: an override that matches no key (a typo, or a
+// lane the file lacks) is reported, not silently ignored; a variable the
+// file references as ${NAME} is not.
+func TestLoad_EnvMisspeltWarns(t *testing.T) {
+	t.Setenv("SHAPER_DOWNSTREAMS_PAYMENTS_TASK_RETYR", "1")
+	t.Setenv("SHAPER_DOWNSTREAMS_ORDERS_RATE_LIMIT", "5/s")
+	t.Setenv("SHAPER_PAYMENTS_TOKEN", "secret")
+	_, warns := mustLoad(t, laneYAML("", `sink: {kind: http, url: "http://x/", headers: {Authorization: "Bearer ${SHAPER_PAYMENTS_TOKEN}"}}`))
+	got := map[string]bool{}
+	for _, w := range warns {
+		got[w.Key] = true
+	}
+	for _, name := range []string{"SHAPER_DOWNSTREAMS_PAYMENTS_TASK_RETYR", "SHAPER_DOWNSTREAMS_ORDERS_RATE_LIMIT"} {
+		if !got[name] {
+			t.Errorf("no warning for %s (warnings %v)", name, warns)
+		}
+	}
+	if got["SHAPER_PAYMENTS_TOKEN"] {
+		t.Error("a ${ENV} secret was reported as an unknown override")
+	}
+}
+
 // TestLoad_EnvNestedKeys overrides keys the file does not mention, at every
 // depth, in a lane whose name has a dash, and list values.
 func TestLoad_EnvNestedKeys(t *testing.T) {
