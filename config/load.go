@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"go.yaml.in/yaml/v3"
 	"io/fs"
 	"maps"
 	"math"
@@ -183,6 +184,11 @@ func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 	}
 
 	p := newProblems()
+	if haveFile {
+		if raw, err := os.ReadFile(path); err == nil {
+			caseClashes(p, raw)
+		}
+	}
 
 	// The file alone: unknown keys and mappings where values belong (and the
 	// reverse) are found here, before defaults and overrides are merged in.
@@ -522,6 +528,41 @@ func splitList(s string) []string {
 		parts[i] = strings.TrimSpace(parts[i])
 	}
 	return parts
+}
+
+// caseClashes reports keys of one mapping that differ only in case
+// ("Payments" and "payments"): viper folds keys to lower case, so one would
+// silently replace the other.
+func caseClashes(p *problems, raw []byte) {
+	var root yaml.Node
+	if yaml.Unmarshal(raw, &root) != nil {
+		return // the reader reports syntax errors
+	}
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				walk(c, path)
+			}
+		case yaml.MappingNode:
+			seen := map[string]string{}
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				key := n.Content[i].Value
+				low := strings.ToLower(key)
+				kp := low
+				if path != "" {
+					kp = path + "." + low
+				}
+				if prev, ok := seen[low]; ok && prev != key {
+					p.add(kp, "keys %q and %q differ only in case; keys are case-insensitive, so one would replace the other", prev, key)
+				}
+				seen[low] = key
+				walk(n.Content[i+1], kp)
+			}
+		}
+	}
+	walk(&root, "")
 }
 
 // envRef finds ${NAME} references in the raw file.

@@ -904,3 +904,25 @@ func TestLane_EffectiveMaxAckPending(t *testing.T) {
 		t.Errorf("explicit: %d, want 7", got)
 	}
 }
+
+// TestLoad_CaseClash: lanes (or keys) that differ only in case are an error,
+// not a silent merge (viper folds keys to lower case).
+func TestLoad_CaseClash(t *testing.T) {
+	err := loadErr(t, `
+downstreams:
+  Payments:
+    source: {stream: C, subjects: [c.>]}
+    rate: {limit: 10/s}
+    sink: {kind: log}
+  payments:
+    source: {stream: D, subjects: [d.>]}
+    rate: {limit: 10/s, LIMIT: 5/s}
+    sink: {kind: log}
+`)
+	for _, want := range []string{`downstreams.payments: keys "Payments" and "payments" differ only in case`,
+		`downstreams.payments.rate.limit: keys "limit" and "LIMIT" differ only in case`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want %q", err, want)
+		}
+	}
+}
