@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"golang.org/x/net/http/httpguts"
 	"math"
 	"net"
 	"net/http"
@@ -667,29 +668,8 @@ func validStatusPattern(s string) bool {
 }
 
 // isToken reports whether s is an RFC 9110 token (header names, methods).
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
+func isToken(s string) bool { return httpguts.ValidHeaderFieldName(s) }
 
-// validHeaderValue reports whether val has no control characters other
-// than horizontal tab (RFC 9110 §5.5).
-func validHeaderValue(val string) bool {
-	for i := 0; i < len(val); i++ {
-		if c := val[i]; (c < ' ' && c != '\t') || c == 0x7f {
-			return false
-		}
-	}
-	return true
-}
+// validHeaderValue reports whether v can be sent as a header value: no
+// control characters other than horizontal tab (RFC 9110 §5.5).
+func validHeaderValue(v string) bool { return httpguts.ValidHeaderFieldValue(v) }
