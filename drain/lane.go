@@ -501,6 +501,13 @@ func (l *Lane) departLoop() {
 		if !l.slots.acquire(ctx) {
 			return
 		}
+		// While the source is disconnected, hold departures: a delivery's
+		// ack could not reach the server, and the message would likely be
+		// delivered again after the reconnect.
+		if !l.awaitConnected(ctx) {
+			l.slots.release()
+			return
+		}
 		ready := time.Now()
 		now := ready
 		// 3. The pacer's time. A pause (Retry-After) wakes the wait.
@@ -559,6 +566,31 @@ func (l *Lane) departLoop() {
 		l.tasks.Add(1)
 		go l.runTask(m)
 	}
+}
+
+// Connector is implemented by sources that can tell whether they are
+// connected to their server (sources.JetStream).
+type Connector interface{ Connected() bool }
+
+// awaitConnected waits while the source reports it is disconnected; false
+// when ctx ended first.
+func (l *Lane) awaitConnected(ctx context.Context) bool {
+	c, ok := l.src.(Connector)
+	if !ok || c.Connected() {
+		return true
+	}
+	l.log.Warn("source disconnected: departures held until it reconnects")
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !c.Connected() {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
+	l.log.Info("source reconnected: departures resume")
+	return true
 }
 
 // awaitHead waits until the bucket has a deliverable message at its head,

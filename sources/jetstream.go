@@ -160,6 +160,10 @@ func (s *JetStream) bind(ctx context.Context) error {
 	return nil
 }
 
+// Connected reports whether the NATS connection is up (drain.Connector):
+// while it is not, the lane holds its departures.
+func (s *JetStream) Connected() bool { return s.js.Conn().IsConnected() }
+
 // Bound reports whether the consumer is bound: created, and the last pull
 // did not fail.
 func (s *JetStream) Bound() bool { return s.bound.Load() }
