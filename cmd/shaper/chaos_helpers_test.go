@@ -708,21 +708,24 @@ func (r *chaosRig) reconcile(allowDup int) ledger {
 		t.Errorf("ledger: %d duplicate deliveries (keys %v); this fault allows at most %d", l.duplicates, l.dupKeys[:min(20, len(l.dupKeys))], allowDup)
 	}
 	// G1 at the downstream: departures per 1 s window ≤ floor(limit) + 1
-	// (slack 0). One more is allowed here because the bound holds for
-	// departures in the shaper, while these are arrival times in another
-	// process: loopback HTTP adds up to ~0.7 ms of jitter per request
-	// (NOTES.md), and scheduling on 2 shared cores under -race more, which
-	// can shift one request across a window edge.
+	// (slack 0). Two more are allowed here because the bound holds for
+	// departures in the shaper, while these are handler timestamps in the
+	// test process: loopback HTTP adds up to ~0.7 ms of jitter per request
+	// (NOTES.md), and scheduling on 2 shared cores under -race more (a
+	// handler woken one interval late was seen in CI), which can shift a
+	// request across each edge of a window. A catch-up burst would exceed
+	// this by far more; the exact bound is tested on the fake clock
+	// (shaper, drain) and at kernel timestamps by the demo's judge.
 	ts := make([]time.Time, len(reqs))
 	for i, q := range reqs {
 		ts[i] = q.at
 	}
-	l.bound = int(math.Floor(r.lane.limit)) + 1 + 1
+	l.bound = int(math.Floor(r.lane.limit)) + 1 + 2
 	if len(ts) > 0 {
 		var at time.Time
 		l.maxPerSecond, at = maxInWindow(ts, time.Second)
 		if l.maxPerSecond > l.bound {
-			t.Errorf("ledger: G1 broken: %d requests in the 1s window starting %s after the first; bound floor(%g)+1 (+1 jitter) = %d",
+			t.Errorf("ledger: G1 broken: %d requests in the 1s window starting %s after the first; bound floor(%g)+1 (+2 jitter) = %d",
 				l.maxPerSecond, at.Sub(ts[0]).Round(time.Millisecond), r.lane.limit, l.bound)
 		}
 	}
