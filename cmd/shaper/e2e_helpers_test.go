@@ -615,3 +615,27 @@ func (c *child) wait(timeout time.Duration) (int, bool) {
 		return -1, false
 	}
 }
+
+// newStampedDownstream is a downstream that records each request at the
+// kernel's receive timestamp of its first byte (the demo's rigidServer with
+// no rule: it answers 204 to everything), not at the handler's scheduling:
+// what a remote downstream would see at its network card. It returns the
+// recorder and the URL to configure.
+func newStampedDownstream(t *testing.T) (*downstream, string) {
+	t.Helper()
+	d := &downstream{attempts: map[string]int{}, ok: map[string]int{}}
+	ln, err := listenTimestamped("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &rigidServer{report: func(at time.Time, _ bool, key string, _ int64) {
+		d.mu.Lock()
+		d.attempts[key]++
+		d.arrivals = append(d.arrivals, arrival{at: at, key: key, attempt: d.attempts[key], ok: true})
+		d.ok[key]++
+		d.mu.Unlock()
+	}}
+	go srv.serve(ln)
+	t.Cleanup(func() { ln.Close() })
+	return d, "http://" + ln.Addr().String() + "/callback"
+}

@@ -38,10 +38,13 @@ func TestMain(m *testing.M) {
 // HTTP downstream shaped at 100/s — each exactly once, in publish order, never
 // more than 101 in a second nor 2 in 10 ms, and the consumer ends with
 // nothing pending (SPEC G1, G3, G4, G8; §6 metrics and readiness).
+//
+// Arrivals are the kernel's receive timestamps (newStampedDownstream), so the
+// bounds judge shaper's spacing at the wire, not the test's own scheduling.
 func TestE2EBurstShapedAt100(t *testing.T) {
-	down := newDownstream(t, nil)
+	down, downURL := newStampedDownstream(t)
 	lane := laneSpec{name: "burst", stream: "E2E_BURST", limit: "100/s", capacity: 1000, maxInFlight: 8,
-		timeout: "5s", backoff: "[1s, 5s, 30s]", sinkURL: down.url()}
+		timeout: "5s", backoff: "[1s, 5s, 30s]", sinkURL: downURL}
 	d := startDaemon(t, configYAML("127.0.0.1:0", filepath.Join(t.TempDir(), "nats"), "127.0.0.1:0", "5s", lane))
 	waitReady(t, d.adminAddr(), 10*time.Second)
 	js := connectJS(t, d.natsURL())
