@@ -171,7 +171,9 @@ func TestE2EColdStartWarmup(t *testing.T) {
 	}
 	// Warm after the period: the last 200 arrive at ~100/s.
 	tail := calls[len(calls)-200:]
-	if rate := 199 / tail[len(tail)-1].at.Sub(tail[0].at).Seconds(); rate < 95 || rate > 101 {
+	// The ceiling is strict; the floor leaves room for a loaded CI machine
+	// (late wake-ups lose rate, they never add any).
+	if rate := 199 / tail[len(tail)-1].at.Sub(tail[0].at).Seconds(); rate < 90 || rate > 101 {
 		t.Errorf("rate once warm %.1f/s, want ~100/s", rate)
 	}
 }

@@ -98,13 +98,13 @@ func TestE2EBurstShapedAt100(t *testing.T) {
 // handback must survive the restart of the embedded server).
 func TestE2EDrainOnSIGTERM(t *testing.T) {
 	bin := buildShaper(t)
-	down := newDownstream(t, nil)
+	down, downURL := newStampedDownstream(t) // kernel receive timestamps
 	const (
 		n           = 500
 		maxInFlight = 8
 	)
 	lane := laneSpec{name: "term", stream: "E2E_TERM", limit: "100/s", capacity: 1000, maxInFlight: maxInFlight,
-		timeout: "5s", backoff: "[1s, 5s, 30s]", sinkURL: down.url()}
+		timeout: "5s", backoff: "[1s, 5s, 30s]", sinkURL: downURL}
 	natsAddr, adminAddr := freeAddr(t), freeAddr(t)
 	cfgPath := writeFile(t, "config.yaml", configYAML(natsAddr, filepath.Join(t.TempDir(), "nats"), adminAddr, "1s", lane))
 
