@@ -27,14 +27,27 @@ const maxEarly = 200 * time.Microsecond
 // syscall — with 2 cores that starves the sink's HTTP goroutines for
 // milliseconds. A timerfd in the poller has neither problem.
 //
-// Cancellation (ctx, wake) is immediate: it sets a read deadline in the past.
-// A PreciseWaiter is used by one goroutine at a time.
+// Cancellation is immediate: ctx (through context.AfterFunc) and a token on
+// the wake channel (through one watcher goroutine per waiter, started with
+// the first Wait and stopped by Unbind — not one goroutine per wait, which
+// cost the departure loop an allocation and a goroutine per departure) set a
+// read deadline in the past. A wake token that arrives between waits makes
+// the next Wait return at once, as a buffered channel would.
+// A PreciseWaiter is used by one goroutine at a time, between Bind and Unbind.
 type PreciseWaiter struct {
-	once  sync.Once
 	f     *os.File
 	fd    int
 	err   error
 	early time.Duration // moving estimate of the wake-up latency
+
+	watched   <-chan struct{} // the wake channel the watcher reads
+	stopWatch chan struct{}
+	watchDone chan struct{}
+
+	mu      sync.Mutex
+	waiting bool // a Read of the timerfd is in progress
+	woke    bool // the watcher interrupted that Read
+	pending bool // a wake token arrived between waits
 }
 
 // NewPreciseWaiter returns a precise waiter (Linux). It falls back to a
@@ -43,20 +56,62 @@ func NewPreciseWaiter() Waiter { return &PreciseWaiter{early: 50 * time.Microsec
 
 // Bind creates the timerfd.
 func (w *PreciseWaiter) Bind() {
-	w.once.Do(func() {
-		fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
-		if err != nil {
-			w.err = err
-			return
-		}
-		w.fd = fd
-		w.f = os.NewFile(uintptr(fd), "shaper-timerfd")
-	})
+	if w.f != nil || w.err != nil {
+		return
+	}
+	fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
+	if err != nil {
+		w.err = err
+		return
+	}
+	w.fd = fd
+	w.f = os.NewFile(uintptr(fd), "shaper-timerfd")
 }
 
-// Unbind leaves the timerfd open for a later Bind of the same waiter; it is
-// released with the process (one per lane).
-func (w *PreciseWaiter) Unbind() {}
+// Unbind stops the wake watcher and closes the timerfd; a later Bind makes
+// a new one.
+func (w *PreciseWaiter) Unbind() {
+	if w.stopWatch != nil {
+		close(w.stopWatch)
+		<-w.watchDone
+		w.stopWatch, w.watched = nil, nil
+	}
+	if w.f != nil {
+		_ = w.f.Close()
+		w.f = nil
+	}
+}
+
+// watch starts the goroutine that turns tokens on wake into interrupts.
+func (w *PreciseWaiter) watch(wake <-chan struct{}) {
+	if wake == nil || wake == w.watched {
+		return
+	}
+	if w.stopWatch != nil {
+		close(w.stopWatch)
+		<-w.watchDone
+	}
+	w.watched, w.stopWatch, w.watchDone = wake, make(chan struct{}), make(chan struct{})
+	stop, done, f := w.stopWatch, w.watchDone, w.f
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-wake:
+				w.mu.Lock()
+				if w.waiting {
+					w.woke = true
+					_ = f.SetReadDeadline(time.Unix(1, 0))
+				} else {
+					w.pending = true
+				}
+				w.mu.Unlock()
+			}
+		}
+	}()
+}
 
 // Wait implements Waiter.
 func (w *PreciseWaiter) Wait(ctx context.Context, t time.Time, wake <-chan struct{}) (bool, error) {
@@ -67,6 +122,14 @@ func (w *PreciseWaiter) Wait(ctx context.Context, t time.Time, wake <-chan struc
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
+	w.watch(wake)
+	w.mu.Lock()
+	if w.pending {
+		w.pending = false
+		w.mu.Unlock()
+		return true, nil
+	}
+	w.mu.Unlock()
 	aim := t.Add(-w.early)
 	if rem := time.Until(aim); rem > 0 {
 		var ts unix.Timespec
@@ -77,41 +140,34 @@ func (w *PreciseWaiter) Wait(ctx context.Context, t time.Time, wake <-chan struc
 		if err := unix.TimerfdSettime(w.fd, unix.TFD_TIMER_ABSTIME, &spec, nil); err != nil {
 			return TimerWaiter{}.Wait(ctx, t, wake)
 		}
+		w.mu.Lock()
 		_ = w.f.SetReadDeadline(time.Time{})
-		// Interrupt the read on cancellation or on a wake token.
-		done := make(chan struct{})
-		var woke bool
-		var mu sync.Mutex
-		interrupt := func(byWake bool) {
-			mu.Lock()
-			woke = woke || byWake
-			mu.Unlock()
-			_ = w.f.SetReadDeadline(time.Unix(1, 0))
-		}
-		stop := context.AfterFunc(ctx, func() { interrupt(false) })
-		if wake != nil {
-			go func() {
-				select {
-				case <-wake:
-					interrupt(true)
-				case <-done:
-				}
-			}()
-		}
+		w.waiting, w.woke = true, false
+		w.mu.Unlock()
+		stop := context.AfterFunc(ctx, func() {
+			w.mu.Lock()
+			if w.waiting {
+				_ = w.f.SetReadDeadline(time.Unix(1, 0))
+			}
+			w.mu.Unlock()
+		})
 		var buf [8]byte
 		_, rerr := w.f.Read(buf[:])
-		close(done)
 		stop()
+		w.mu.Lock()
+		w.waiting = false
+		byWake := w.woke
+		w.mu.Unlock()
 		if rerr != nil && errors.Is(rerr, os.ErrDeadlineExceeded) {
 			disarm := unix.ItimerSpec{}
 			_ = unix.TimerfdSettime(w.fd, 0, &disarm, nil)
-			mu.Lock()
-			byWake := woke
-			mu.Unlock()
 			if err := ctx.Err(); err != nil {
 				return false, err
 			}
 			return byWake, nil
+		}
+		if byWake {
+			return true, nil // interrupted just as the timer fired: re-read Next
 		}
 		late := -time.Until(aim)
 		// Exponential moving average of the wake-up latency, 1/8 weight.
