@@ -281,9 +281,6 @@ func (l *Lane) SetSink(s Sink) Sink {
 // Name returns the lane's name.
 func (l *Lane) Name() string { return l.name }
 
-// Draining reports whether Drain has begun.
-func (l *Lane) Draining() bool { return l.draining.Load() }
-
 // Start starts the fetch loop, the departure loop and the housekeeping loop
 // (gauges and in-progress acks). It returns at once; call Drain to stop.
 func (l *Lane) Start() {

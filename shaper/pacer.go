@@ -268,13 +268,6 @@ func (p *Pacer) Wire(departed, wired time.Time) bool {
 	return false
 }
 
-// Reset forgets the schedule (but not warmth or pauses): the next departure
-// may leave at once.
-func (p *Pacer) Reset() {
-	p.tat = time.Time{}
-	p.last = time.Time{}
-}
-
 // Rebase makes the schedule continue one interval (at the rate in force at
 // now) after the previous departure, with no lateness to make up. Use it
 // when something else timed the departures — a shared schedule across
