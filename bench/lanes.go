@@ -324,7 +324,7 @@ func runLaneOn(ctx context.Context, name string, cfg config.Lane, src drain.Sour
 	cs := &countSource{inner: src}
 	rw := &recWaiter{inner: shaper.NewPreciseWaiter()}
 	lane, err := drain.New("bench", cfg, cs, sink,
-		drain.WithMetrics(metrics.New(prometheus.NewRegistry()).Lane("bench")),
+		drain.WithMetrics(metrics.New(prometheus.NewRegistry()).Lane("bench", float64(cfg.Rate.Limit))),
 		drain.WithWaiter(rw))
 	if err != nil {
 		r.err = err

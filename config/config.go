@@ -165,6 +165,10 @@ type Rate struct {
 	Limit shaper.Limit `mapstructure:"limit"`
 	// Slack is how many departures an idle lane may bank. ≥ 0, default 0.
 	Slack int `mapstructure:"slack"`
+	// MinSpacing is, in intervals (1/Limit), how close two consecutive
+	// departures may come when the pacer makes up a late departure (SPEC
+	// G1, Spacing). In (0, 1], default 0.95; 1.0 never leaves early.
+	MinSpacing float64 `mapstructure:"min_spacing"`
 	// Warmup is the cold-start ramp; off by default.
 	Warmup Warmup `mapstructure:"warmup"`
 	// Global shares Limit across replicas through Redis; needs redis.addr.

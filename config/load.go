@@ -54,16 +54,17 @@ const (
 // listed default to zero (max_ack_pending, max_wait, max_age, slack,
 // warmup.period, global).
 const (
-	DefaultAckWait     = 60 * time.Second // source.ack_wait
-	DefaultMaxDeliver  = 5                // source.max_deliver
-	DefaultCapacity    = 1000             // bucket.capacity, messages
-	DefaultOverflow    = OverflowBlock    // bucket.overflow
-	DefaultColdFactor  = 3.0              // rate.warmup.cold_factor
-	DefaultTaskTimeout = 5 * time.Second  // task.timeout
-	DefaultMaxInFlight = 8                // task.max_in_flight
-	DefaultRetryAfter  = true             // task.retry.retry_after
-	DefaultMaxDelay    = 5 * time.Minute  // task.retry.max_delay
-	DefaultSinkMethod  = "POST"           // sink.method
+	DefaultAckWait     = 60 * time.Second         // source.ack_wait
+	DefaultMaxDeliver  = 5                        // source.max_deliver
+	DefaultCapacity    = 1000                     // bucket.capacity, messages
+	DefaultOverflow    = OverflowBlock            // bucket.overflow
+	DefaultColdFactor  = 3.0                      // rate.warmup.cold_factor
+	DefaultMinSpacing  = shaper.DefaultMinSpacing // rate.min_spacing
+	DefaultTaskTimeout = 5 * time.Second          // task.timeout
+	DefaultMaxInFlight = 8                        // task.max_in_flight
+	DefaultRetryAfter  = true                     // task.retry.retry_after
+	DefaultMaxDelay    = 5 * time.Minute          // task.retry.max_delay
+	DefaultSinkMethod  = "POST"                   // sink.method
 	// DefaultConsumerPrefix + lane is the consumer of source.consumer "".
 	DefaultConsumerPrefix = "shaper-"
 	// DefaultDeadLetterPrefix + lane is the subject of dead_letter.subject "".
@@ -94,6 +95,7 @@ func laneDefaults() map[string]any {
 		"bucket.max_wait":          time.Duration(0),
 		"bucket.max_age":           time.Duration(0),
 		"rate.slack":               0,
+		"rate.min_spacing":         DefaultMinSpacing,
 		"rate.warmup.period":       time.Duration(0),
 		"rate.warmup.cold_factor":  DefaultColdFactor,
 		"rate.global":              false,

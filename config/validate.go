@@ -386,6 +386,12 @@ func (v *validator) lane(name string, l Lane) {
 		v.warn(k("rate.slack"), "%d is more than the limit allows in one second (%s): after an idle spell "+
 			"the downstream may see slack + 1 departures at once, on top of the rate", l.Rate.Slack, formatRate(limit))
 	}
+	ms := l.Rate.MinSpacing
+	v.check(ms > 0 && ms <= 1, k("rate.min_spacing"), "must be in (0, 1] (intervals; 1.0 = never early), got %v", ms)
+	if ms > 0 && ms < 0.5 {
+		v.warn(k("rate.min_spacing"), "%v lets two departures come within half an interval of each other "+
+			"while lateness is made up; a downstream that judges spacing will see that", ms)
+	}
 	v.check(l.Rate.Warmup.Period >= 0, k("rate.warmup.period"), "must be ≥ 0 (0s = no warmup), got %s", l.Rate.Warmup.Period)
 	cf := l.Rate.Warmup.ColdFactor
 	v.check(cf >= 1 && !math.IsInf(cf, 0), k("rate.warmup.cold_factor"), "must be ≥ 1 and finite, got %v", cf)

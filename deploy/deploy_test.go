@@ -26,7 +26,7 @@ import (
 func knownMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	metrics.New(reg).Lane("x")
+	metrics.New(reg).Lane("x", 100)
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -13,23 +13,38 @@ import (
 // docs/scaling.md). Implementation: sources.LaneSlots (Redis).
 //
 // Contract: the schedule is a GCRA over all replicas: slots are at least
-// one emission interval apart, idle time earns no more than the lane's
-// slack, and a pause set by any replica holds every replica's slots. Its
-// methods may be called concurrently (Reserve by the departure loop, Pause
-// by tasks) and must return within a bounded time (the store's timeout),
-// also when ctx has no deadline.
+// one emission interval apart, idle time earns no more than the request's
+// slack, and a late request is made up by at most (1 − min_spacing)
+// intervals (shaper.MakeUpLag's rule without the floor, which one replica
+// cannot see across the others), and a pause set by any replica holds
+// every replica's slots. Its methods may be called concurrently (Reserve by
+// the departure loop, Pause by tasks) and must return within a bounded time
+// (the store's timeout), also when ctx has no deadline.
 type GlobalSchedule interface {
 	// Reserve takes the next shared departure slot for one departure of
-	// this lane at the given emission interval (the lane's current rate
-	// incl. warmup) and returns the local time at which it may leave. The
-	// time may be in the past by less than (slack + 0.9) intervals; a slot
-	// is used once and never given back. An error means the shared store
-	// failed (unreachable, timeout): the lane falls back to local pacing.
-	Reserve(ctx context.Context, interval time.Duration) (time.Time, error)
+	// this lane and returns the local time at which it may leave. The time
+	// may be in the past by up to shaper.SlotTolerance; a slot is used once
+	// and never given back. An error means the shared store failed
+	// (unreachable, timeout): the lane falls back to local pacing.
+	Reserve(ctx context.Context, r SlotRequest) (time.Time, error)
 	// Pause extends the shared pause of the lane until until (a 429/503
 	// Retry-After seen by any replica pauses all of them): no replica gets
 	// a slot before it.
 	Pause(ctx context.Context, until time.Time) error
+}
+
+// SlotRequest is one reservation on a GlobalSchedule.
+type SlotRequest struct {
+	// Interval is the lane's emission interval in force (warmup included).
+	Interval time.Duration
+	// Slack is the credit, in departures, that an idle schedule may grant
+	// (rate.slack); 0 on the first reservations after the Redis fallback,
+	// which earns no credit (SPEC G2).
+	Slack int
+	// MinSpacing is rate.min_spacing: a late request is made up by at most
+	// (1 − MinSpacing) intervals, and a slot used later than
+	// shaper.SlotTolerance after its time is dropped.
+	MinSpacing float64
 }
 
 // WithGlobal makes the lane take every departure's time from g as well as
@@ -73,6 +88,10 @@ type globalState struct {
 	// reducedNow mirrors reduced for Update, which runs on another goroutine.
 	reducedNow atomic.Bool
 	fullAt     time.Time // back on the schedule: when the full limit returns
+	// noCredit is set while the lane comes back from the fallback: its
+	// reservations ask for no slack, so the schedule, idle while this
+	// replica paced alone, grants none (SPEC G2).
+	noCredit bool
 }
 
 // globalAt is step 3 of departLoop for a global lane, called once the local
@@ -87,9 +106,13 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 	if g.reduced {
 		rate *= float64(g.hint) // the shared schedule runs at the full limit
 	}
-	iv := time.Duration(float64(time.Second) / rate)
+	cfg := l.conf()
+	req := SlotRequest{Interval: shaper.Limit(rate).Interval(), Slack: cfg.Rate.Slack, MinSpacing: cfg.Rate.MinSpacing}
+	if g.noCredit {
+		req.Slack = 0
+	}
 	if !g.held.IsZero() {
-		if now.Sub(g.held) <= time.Duration((float64(l.conf().Rate.Slack)+0.9)*float64(iv)) {
+		if now.Sub(g.held) <= shaper.SlotTolerance(req.Interval, req.Slack, req.MinSpacing) {
 			return g.held, true
 		}
 		g.held = time.Time{} // too late for it (a pause, a slow wire): not used, not given back
@@ -97,7 +120,7 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 	if g.fallback && now.Before(g.nextProbe) {
 		return now, true
 	}
-	slot, err := g.g.Reserve(ctx, iv)
+	slot, err := g.g.Reserve(ctx, req)
 	if err != nil {
 		if ctx.Err() != nil {
 			return now, false
@@ -118,6 +141,7 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 	}
 	if g.fallback {
 		g.fallback = false
+		g.noCredit = true
 		g.fullAt = now.Add(globalReturnGrace)
 		l.m.Fallback.Set(0)
 		l.log.Info("global rate restored: pacing by the shared schedule", "limit", l.conf().Rate.Limit.String(),
@@ -125,6 +149,7 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 	}
 	if g.reduced && !now.Before(g.fullAt) {
 		l.setReduced(false, now)
+		g.noCredit = false
 	}
 	g.held = slot
 	return slot, true

@@ -37,7 +37,8 @@ type fakeSchedule struct {
 
 var errFakeDown = errors.New("fake store: unreachable")
 
-func (f *fakeSchedule) Reserve(ctx context.Context, iv time.Duration) (time.Time, error) {
+func (f *fakeSchedule) Reserve(ctx context.Context, r SlotRequest) (time.Time, error) {
+	iv := r.Interval
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := time.Now()
@@ -122,7 +123,7 @@ func newGlobalHarness(t *testing.T, limit float64, sink Sink, g GlobalSchedule, 
 	t.Helper()
 	cfg := laneConfig(limit)
 	h := &harness{t: t, src: newMemSource(cfg.Source.AckWait), dead: &recSink{}, reg: prometheus.NewRegistry()}
-	h.m = metrics.New(h.reg).Lane("test")
+	h.m = metrics.New(h.reg).Lane("test", limit)
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}

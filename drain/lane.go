@@ -141,7 +141,10 @@ type Lane struct {
 	departedAt  time.Time
 	reportsWire bool
 	wake        chan struct{} // pacer changed (pause)
-	global      *globalState  // rate.global (WithGlobal); nil = local only
+	// lastDeparture is the time of the previous departure (gap metric);
+	// only the departure loop touches it.
+	lastDeparture time.Time
+	global        *globalState // rate.global (WithGlobal); nil = local only
 
 	fetchStop  chan struct{} // closed: stop fetching
 	fetchDone  chan struct{} // closed when the fetch loop returned
@@ -184,7 +187,7 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 		o.apply(l)
 	}
 	if l.m == nil {
-		l.m = metrics.Discard(name)
+		l.m = metrics.Discard(name, float64(cfg.Rate.Limit))
 	}
 	if l.waiter == nil {
 		l.waiter = shaper.NewPreciseWaiter()
@@ -203,6 +206,7 @@ func pacerConfig(cfg config.Lane) shaper.PacerConfig {
 	return shaper.PacerConfig{
 		Limit:        cfg.Rate.Limit,
 		Slack:        cfg.Rate.Slack,
+		MinSpacing:   cfg.Rate.MinSpacing,
 		WarmupPeriod: cfg.Rate.Warmup.Period,
 		ColdFactor:   cfg.Rate.Warmup.ColdFactor,
 	}
@@ -239,10 +243,7 @@ func (l *Lane) Update(cfg config.Lane) error {
 		pc.Limit /= shaper.Limit(l.global.hint) // in fallback: stay at limit / replicas_hint
 	}
 	l.mu.Lock()
-	l.pacer.SetConfig(pc, now)
-	if old.Rate.Limit != cfg.Rate.Limit {
-		l.pacer.Rebase(now) // the next gap is the new interval
-	}
+	l.pacer.SetConfig(pc, now) // keeps the schedule and the credit (SPEC G2)
 	l.mu.Unlock()
 	l.bucket.SetCapacity(cfg.Bucket.Capacity)
 	l.slots.setLimit(cfg.Task.MaxInFlight)
@@ -507,13 +508,14 @@ func (l *Lane) departLoop() {
 		}
 		ready := time.Now()
 		now := ready
+		scheduled := now // the instant the departure was due (lateness metric)
 		// 3. The pacer's time. A pause (Retry-After) wakes the wait.
 		for {
 			l.mu.Lock()
 			at := l.pacer.Next(now)
 			if l.unwired != nil {
-				if rate := l.pacer.Rate(now); rate > 0 && rate <= 1000 {
-					bound := max(maxWireWait, time.Duration(float64(time.Second)/rate))
+				if rate := l.pacer.Rate(now); rate > 0 && rate <= shaper.SpacingMaxRate {
+					bound := max(maxWireWait, shaper.Limit(rate).Interval())
 					if w := l.departedAt.Add(bound); w.After(at) {
 						at = w
 					}
@@ -530,19 +532,24 @@ func (l *Lane) departLoop() {
 			if !at.After(now) {
 				break
 			}
+			scheduled = at
 			if _, err := l.waiter.Wait(ctx, at, l.wake); err != nil {
 				l.slots.release()
 				return
 			}
 			now = time.Now()
 		}
-		// 4. Departure.
-		m, empty := l.bucket.Pop()
-		if m == nil { // cannot happen: only this loop pops while running
+		// 4. Departure, of the first message that has not expired at this
+		// instant (SPEC §3 Max age: after every wait; an expired message
+		// takes no departure slot, the next one leaves in its place).
+		m, empty := l.popDeliverable(now)
+		if m == nil { // all expired (or, cannot happen, popped by another)
 			l.slots.release()
 			continue
 		}
 		l.mu.Lock()
+		prev := l.lastDeparture
+		l.lastDeparture = now
 		l.pacer.Depart(ready, now)
 		if empty {
 			l.pacer.SetBusy(now, false)
@@ -557,6 +564,10 @@ func (l *Lane) departLoop() {
 			l.global.held = time.Time{} // the slot is used
 		}
 		l.m.Departures.Inc()
+		l.m.Lateness.Observe(max(0, now.Sub(scheduled)).Seconds())
+		if !prev.IsZero() {
+			l.m.Gap.Observe(now.Sub(prev).Seconds())
+		}
 		l.m.QueueWait.Observe(now.Sub(m.Admitted).Seconds())
 		l.m.BucketDepth.Set(float64(l.bucket.Len()))
 		l.m.InFlight.Inc()
@@ -595,22 +606,9 @@ func (l *Lane) awaitConnected(ctx context.Context) bool {
 // loop must end: stopped, or draining with the bucket empty and fetching over.
 func (l *Lane) awaitHead(ctx context.Context) bool {
 	for {
-		if m := l.bucket.Peek(); m != nil {
-			born := m.Published
-			if born.IsZero() {
-				born = m.Admitted
-			}
-			if maxAge := l.conf().Bucket.MaxAge; maxAge > 0 && time.Since(born) > maxAge {
-				if _, empty := l.bucket.Pop(); empty {
-					l.mu.Lock()
-					l.pacer.SetBusy(time.Now(), false)
-					l.mu.Unlock()
-				}
-				l.tasks.Add(1)
-				go func() {
-					defer l.tasks.Done()
-					l.deadLetter(m, metrics.ReasonExpired, fmt.Errorf("older than bucket.max_age %s at departure", maxAge), 0)
-				}()
+		if l.bucket.Peek() != nil {
+			// Expired messages at the head need no slot and no wait.
+			if l.sweepExpired(time.Now(), true) {
 				continue
 			}
 			return true
@@ -630,6 +628,72 @@ func (l *Lane) awaitHead(ctx context.Context) bool {
 			return false
 		}
 	}
+}
+
+// popDeliverable pops the head for a departure at now, dead-lettering the
+// messages that expired (bucket.max_age) on the way; nil when none is left.
+func (l *Lane) popDeliverable(now time.Time) (*shaper.Message, bool) {
+	maxAge := l.conf().Bucket.MaxAge
+	for {
+		m, empty := l.bucket.Pop()
+		if m == nil || !shaper.Expired(m, now, maxAge) {
+			return m, empty
+		}
+		if empty {
+			l.mu.Lock()
+			l.pacer.SetBusy(now, false)
+			l.mu.Unlock()
+		}
+		l.expire(m, maxAge)
+		if empty {
+			return nil, true
+		}
+	}
+}
+
+// sweepExpired dead-letters the messages of the bucket that are older than
+// bucket.max_age at now: only at the head when headOnly (the departure
+// loop, cheap), else anywhere (housekeeping, so that a paused or blocked
+// lane dead-letters messages as they pass max_age). It reports whether any
+// was removed.
+func (l *Lane) sweepExpired(now time.Time, headOnly bool) bool {
+	maxAge := l.conf().Bucket.MaxAge
+	if maxAge <= 0 {
+		return false
+	}
+	stop := false
+	removed, empty := l.bucket.RemoveIf(func(m *shaper.Message) bool {
+		if stop {
+			return false
+		}
+		if !shaper.Expired(m, now, maxAge) {
+			stop = headOnly
+			return false
+		}
+		return true
+	})
+	if len(removed) == 0 {
+		return false
+	}
+	if empty {
+		l.mu.Lock()
+		l.pacer.SetBusy(now, false)
+		l.mu.Unlock()
+	}
+	l.m.BucketDepth.Set(float64(l.bucket.Len()))
+	for _, m := range removed {
+		l.expire(m, maxAge)
+	}
+	return true
+}
+
+// expire dead-letters m, which is older than maxAge, with reason expired.
+func (l *Lane) expire(m *shaper.Message, maxAge time.Duration) {
+	l.tasks.Add(1)
+	go func() {
+		defer l.tasks.Done()
+		l.deadLetter(m, metrics.ReasonExpired, fmt.Errorf("older than bucket.max_age %s at departure", maxAge), 0)
+	}()
 }
 
 // runTask makes one delivery attempt under the task timeout and settles it.
@@ -884,6 +948,7 @@ func (l *Lane) houseLoop() {
 				l.m.Paused.Set(0)
 			}
 			l.m.BucketDepth.Set(float64(l.bucket.Len()))
+			l.sweepExpired(now, false)
 		case <-progress.C:
 			l.touch(time.Now(), ackWait/2)
 		}

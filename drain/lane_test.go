@@ -107,7 +107,7 @@ type harness struct {
 func newHarness(t *testing.T, cfg config.Lane, sink *recSink) *harness {
 	t.Helper()
 	h := &harness{t: t, src: newMemSource(cfg.Source.AckWait), sink: sink, dead: &recSink{}, reg: prometheus.NewRegistry()}
-	h.m = metrics.New(h.reg).Lane("test")
+	h.m = metrics.New(h.reg).Lane("test", float64(cfg.Rate.Limit))
 	l, err := New("test", cfg, h.src, sink, WithWaiter(shaper.TimerWaiter{}), WithMetrics(h.m), WithDeadLetter(h.dead))
 	if err != nil {
 		t.Fatal(err)
@@ -854,7 +854,7 @@ func TestLaneUpdateInPlace(t *testing.T) {
 			case x < time.Second && g != 10*time.Millisecond:
 				t.Fatalf("gap %d before the update = %v", i, g)
 			case x > time.Second+20*time.Millisecond && g != 20*time.Millisecond:
-				t.Fatalf("gap %d after the update = %v, want 20ms", i, g)
+				t.Fatalf("gap %d after the update = %v, want 20ms (at %v, prev %v)", i, g, x, cs[i-1].at.Sub(start))
 			}
 		}
 		if len(cs) != 300 {

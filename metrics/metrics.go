@@ -6,6 +6,9 @@
 package metrics
 
 import (
+	"sync"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
@@ -58,6 +61,61 @@ type Metrics struct {
 	Paused         *prometheus.GaugeVec
 	Fallback       *prometheus.GaugeVec
 	Redelivered    *prometheus.CounterVec
+
+	reg    prometheus.Registerer
+	mu     sync.Mutex
+	pacing map[string]*pacing // by lane
+}
+
+// pacing holds a lane's pacing histograms, whose buckets follow the lane's
+// interval; they are collectors of their own (the lane as a constant label).
+type pacing struct {
+	lateness, gap prometheus.Histogram
+}
+
+// LatenessBuckets returns the buckets of shaper_departure_lateness_seconds
+// for a lane at limit messages per second: steps of 1 % of the interval up to
+// 10 %, then coarser up to 10 intervals, then 1 s and 10 s for stalls. The
+// 1 % steps let the alert on a p99 above 5 % of an interval be read exactly.
+func LatenessBuckets(limit float64) []float64 {
+	iv := intervalSeconds(limit)
+	var b []float64
+	for _, f := range []float64{0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09, 0.1,
+		0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10} {
+		b = append(b, f*iv)
+	}
+	return appendAbove(b, 1, 10)
+}
+
+// GapBuckets returns the buckets of shaper_departure_gap_seconds for a lane
+// at limit messages per second: 1 % of the interval around it (0.9 to 1.1
+// intervals, where min_spacing and lateness show), coarser outside.
+func GapBuckets(limit float64) []float64 {
+	iv := intervalSeconds(limit)
+	var b []float64
+	for _, f := range []float64{0.01, 0.1, 0.25, 0.5, 0.75, 0.85,
+		0.9, 0.91, 0.92, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99, 1, 1.01, 1.02, 1.03, 1.04, 1.05, 1.1,
+		1.25, 1.5, 2, 5, 10} {
+		b = append(b, f*iv)
+	}
+	return appendAbove(b, 60, 600)
+}
+
+func intervalSeconds(limit float64) float64 {
+	if !(limit > 0) {
+		limit = 1
+	}
+	return time.Duration(float64(time.Second) / limit).Seconds()
+}
+
+// appendAbove appends the given bounds that are above the last one.
+func appendAbove(b []float64, more ...float64) []float64 {
+	for _, v := range more {
+		if v > b[len(b)-1] {
+			b = append(b, v)
+		}
+	}
+	return b
 }
 
 // New creates the metrics on reg (never the global default registerer).
@@ -80,7 +138,36 @@ func New(reg prometheus.Registerer) *Metrics {
 		Paused:         f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_lane_paused", Help: "1 while the lane's departures are paused by a downstream's Retry-After."}, lane),
 		Fallback:       f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_global_limiter_fallback", Help: "1 while Redis is unreachable and the lane paces locally at limit/replicas_hint."}, lane),
 		Redelivered:    f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_redelivered_messages_total", Help: "Messages received with a delivery count above 1."}, lane),
+		reg:            reg,
+		pacing:         map[string]*pacing{},
 	}
+}
+
+// Pacing metric names (SPEC §6).
+const (
+	LatenessName = "shaper_departure_lateness_seconds"
+	GapName      = "shaper_departure_gap_seconds"
+)
+
+// lanePacing returns lane name's pacing histograms, created with buckets for
+// limit on first use (later calls reuse them, whatever their limit: a hot
+// reload keeps the series and their buckets).
+func (m *Metrics) lanePacing(name string, limit float64) *pacing {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p, ok := m.pacing[name]; ok {
+		return p
+	}
+	f := promauto.With(m.reg)
+	labels := prometheus.Labels{"lane": name}
+	p := &pacing{
+		lateness: f.NewHistogram(prometheus.HistogramOpts{Name: LatenessName, ConstLabels: labels, Buckets: LatenessBuckets(limit),
+			Help: "How late each departure left against its scheduled instant, in seconds (buckets in steps of 1 % of the lane's interval)."}),
+		gap: f.NewHistogram(prometheus.HistogramOpts{Name: GapName, ConstLabels: labels, Buckets: GapBuckets(limit),
+			Help: "Time between consecutive departures of the lane, in seconds (buckets in steps of 1 % of the interval near it)."}),
+	}
+	m.pacing[name] = p
+	return p
 }
 
 // Lane is the set of series of one lane, created at once with value 0.
@@ -99,11 +186,20 @@ type Lane struct {
 	Paused         prometheus.Gauge
 	Fallback       prometheus.Gauge
 	Redelivered    prometheus.Counter
+	// Lateness observes how late each departure left (SPEC §6).
+	Lateness prometheus.Observer
+	// Gap observes the time between consecutive departures (SPEC §6).
+	Gap prometheus.Observer
 }
 
-// Lane returns the series of lane name, creating all of them now.
-func (m *Metrics) Lane(name string) *Lane {
+// Lane returns the series of lane name, creating all of them now; limit is
+// the lane's rate in messages per second, which sets the buckets of the
+// pacing histograms when they are first created.
+func (m *Metrics) Lane(name string, limit float64) *Lane {
+	p := m.lanePacing(name, limit)
 	l := &Lane{
+		Lateness:       p.lateness,
+		Gap:            p.gap,
 		BucketDepth:    m.BucketDepth.WithLabelValues(name),
 		BucketCapacity: m.BucketCapacity.WithLabelValues(name),
 		RateLimit:      m.RateLimit.WithLabelValues(name),
@@ -136,7 +232,9 @@ func (m *Metrics) Lane(name string) *Lane {
 
 // Discard returns the series of lane name on a private registry, for tests
 // and tools that do not export metrics.
-func Discard(name string) *Lane { return New(prometheus.NewRegistry()).Lane(name) }
+func Discard(name string, limit float64) *Lane {
+	return New(prometheus.NewRegistry()).Lane(name, limit)
+}
 
 // Remove deletes every series of lane name (a lane removed by a reload), so
 // that dashboards do not show a lane that no longer exists.
@@ -151,4 +249,11 @@ func (m *Metrics) Remove(name string) {
 	} {
 		v.DeletePartialMatch(match)
 	}
+	m.mu.Lock()
+	if p, ok := m.pacing[name]; ok {
+		m.reg.Unregister(p.lateness)
+		m.reg.Unregister(p.gap)
+		delete(m.pacing, name)
+	}
+	m.mu.Unlock()
 }

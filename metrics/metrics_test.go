@@ -12,8 +12,8 @@ import (
 func TestSeriesExistFromStart(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
-	m.Lane("payments")
-	m.Lane("refunds")
+	m.Lane("payments", 100)
+	m.Lane("refunds", 10)
 	want := map[string]int{ // series per lane
 		"shaper_bucket_depth_messages": 1, "shaper_bucket_capacity_messages": 1, "shaper_rate_limit_per_second": 1,
 		"shaper_in_flight_tasks": 1, "shaper_admitted_messages_total": 1, "shaper_departures_total": 1,
@@ -21,6 +21,7 @@ func TestSeriesExistFromStart(t *testing.T) {
 		"shaper_queue_wait_seconds": 1, "shaper_task_duration_seconds": len(TaskOutcomes),
 		"shaper_lane_paused": 1, "shaper_global_limiter_fallback": 1,
 		"shaper_retries_total": len(RetryReasons), "shaper_redelivered_messages_total": 1,
+		LatenessName: 1, GapName: 1,
 	}
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -45,9 +46,43 @@ func TestSeriesExistFromStart(t *testing.T) {
 	}
 }
 
+// TestPacingBucketsResolveOnePercent: the pacing histograms resolve 1 % of
+// the lane's interval where it matters (lateness up to 10 %, gaps from 0.9
+// to 1.05 intervals), at 1/s, 100/s and 10,000/s; and a removed lane's
+// histograms leave the registry (C31).
+func TestPacingBucketsResolveOnePercent(t *testing.T) {
+	for _, limit := range []float64{1, 100, 10000} {
+		iv := 1 / limit
+		check := func(name string, b []float64, from, to float64) {
+			for i := 1; i < len(b); i++ {
+				if b[i] <= b[i-1] {
+					t.Fatalf("%s at %v/s: buckets not increasing: %v", name, limit, b)
+				}
+				if b[i-1] >= from*iv && b[i] <= to*iv*1.0001 && b[i]-b[i-1] > 0.0101*iv {
+					t.Errorf("%s at %v/s: bucket %v..%v wider than 1 %% of %v", name, limit, b[i-1], b[i], iv)
+				}
+			}
+		}
+		check("lateness", LatenessBuckets(limit), 0, 0.1)
+		check("gap", GapBuckets(limit), 0.9, 1.05)
+	}
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	m.Lane("a", 100).Lateness.Observe(0.001)
+	m.Lane("a", 100) // again: no duplicate registration (C31)
+	m.Remove("a")
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if len(mf.GetMetric()) > 0 {
+			t.Errorf("%s still has series after Remove", mf.GetName())
+		}
+	}
+	m.Lane("a", 50) // a lane added back
+}
+
 func TestMetricsLint(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	New(reg).Lane("payments")
+	New(reg).Lane("payments", 100)
 	problems, err := testutil.GatherAndLint(reg)
 	if err != nil {
 		t.Fatal(err)

@@ -170,6 +170,34 @@ func (b *Bucket) Pop() (m *Message, nowEmpty bool) {
 	return m, nowEmpty
 }
 
+// RemoveIf removes every waiting message for which drop reports true,
+// keeping the others in order, and returns the removed ones (oldest first)
+// and whether the bucket is empty afterwards. drop runs under the bucket's
+// lock: it must be quick and must not call the bucket.
+func (b *Bucket) RemoveIf(drop func(*Message) bool) (removed []*Message, nowEmpty bool) {
+	b.mu.Lock()
+	kept := 0
+	for i := 0; i < b.n; i++ {
+		m := b.ring[(b.head+i)%len(b.ring)]
+		if drop(m) {
+			removed = append(removed, m)
+			continue
+		}
+		b.ring[(b.head+kept)%len(b.ring)] = m
+		kept++
+	}
+	for i := kept; i < b.n; i++ {
+		b.ring[(b.head+i)%len(b.ring)] = nil
+	}
+	b.n = kept
+	nowEmpty = b.n == 0
+	b.mu.Unlock()
+	if len(removed) > 0 {
+		notify(b.freed)
+	}
+	return removed, nowEmpty
+}
+
 // Each calls fn for every waiting message, oldest first, under the bucket's
 // lock: fn must be quick and must not call the bucket.
 func (b *Bucket) Each(fn func(*Message)) {

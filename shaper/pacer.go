@@ -9,19 +9,32 @@ import (
 // (nginx limit_req without nodelay), implemented by virtual scheduling, the
 // algorithm of GCRA and of go.uber.org/ratelimit. It keeps the theoretical
 // time of the next departure (tat), advances it by one emission interval per
-// departure, and never lets it lag behind the clock by more than the slack
-// allows, so idle, paused or blocked time earns no credit (SPEC G2).
+// departure, and never lets it lag behind the clock by more than the make-up
+// allows, so idle, paused or blocked time earns no credit beyond the slack
+// (SPEC G2). The rules of SPEC G1 and §3 live here and nowhere else:
 //
-// On top of the plain schedule it enforces the rules of SPEC G1 and §3:
-//
-//   - Spacing. Up to 1,000/s and with slack 0, two consecutive departures are
-//     never closer than 0.99 intervals. A departure that left late (the timer
-//     woke late, the process stalled) is made up by at most 1 % of an interval
-//     per departure, and only while the lag is below 0.9 interval (a lag
-//     below one interval keeps every window of a whole number of intervals
-//     within the bound);
-//     beyond that the lateness is forgiven rather than caught up (NOTES: a
-//     pacer that catches up a stall releases a burst).
+//   - Make-up. A departure that left late (the waiter woke late, the process
+//     stalled) does not move the schedule: the next one is still due one
+//     interval after the late one's scheduled time, so lateness does not cost
+//     rate. The schedule may lag behind the clock by at most MakeUpLag
+//     (under one interval); lateness beyond it is forgiven, never caught up
+//     in a burst (NOTES: a pacer that catches up a stall releases one).
+//   - Spacing. Up to 1,000/s with slack 0, two consecutive departures are
+//     never closer than min_spacing intervals: lateness is made up by
+//     leaving at most (1 − min_spacing) of an interval early, departure by
+//     departure. With min_spacing 1.0 nothing leaves early and lateness is
+//     lost. Above 1,000/s, and with slack > 0, there is no floor between
+//     consecutive departures; the lag bound is then chosen so that every
+//     window holds SPEC G1's bound (see MakeUpLag).
+//   - Windows. These two rules give, for the departures of the pacer, at
+//     most W × limit + 1 + slack in any window of a whole number of intervals
+//     and floor(W × limit / min_spacing) + 1 + slack in any other window
+//     (W ≥ 1/limit, and W ≥ 1 ms above 1,000/s). docs/design.md has the proof.
+//   - Slack. After idling, 1 + slack departures may leave at once (the GCRA
+//     burst tolerance, slack intervals of credit); waiting for work, for a
+//     task slot or for the end of a pause earns that credit, once, and no
+//     more. A change of rate (hot reload, adaptive rate, the Redis fallback)
+//     keeps the credit as it was, in departures (SetConfig); Rebase drops it.
 //   - Warmup. A cold lane runs at limit/cold_factor; its warmth w in [0,1]
 //     rises by 1/period per second while the bucket holds messages and falls
 //     at the same slope while it is empty; the rate is
@@ -33,8 +46,8 @@ import (
 //     interval to the next one, so under a backlog the departures up to any
 //     time t never exceed the integral of the rate plus 1.
 //   - Pause. Pause(until) holds all departures until that instant (a
-//     downstream's Retry-After on 429/503); afterwards the schedule restarts
-//     from the end of the pause with no credit for the paused time.
+//     downstream's Retry-After on 429/503, an operator); the paused time
+//     earns at most the slack, like idle time.
 //
 // A Pacer is not safe for concurrent use: one departure loop owns it (the
 // drain package guards it with the lane's mutex). All methods are pure
@@ -42,6 +55,7 @@ import (
 type Pacer struct {
 	limit      Limit
 	slack      int
+	minSpacing float64       // (0, 1]
 	period     time.Duration // warmup period, 0 = off
 	coldFactor float64       // ≥ 1
 
@@ -63,6 +77,10 @@ type PacerConfig struct {
 	// Slack is how many departures may leave early after an idle spell,
 	// in messages (the burst tolerance of GCRA). 0 = none, a pure leaky bucket.
 	Slack int
+	// MinSpacing is how close, in intervals, two consecutive departures may
+	// come while lateness is made up (SPEC G1, rate.min_spacing), in (0, 1].
+	// 0 means DefaultMinSpacing.
+	MinSpacing float64
 	// WarmupPeriod is the time a cold lane needs under work to reach Limit;
 	// 0 turns warmup off.
 	WarmupPeriod time.Duration
@@ -71,15 +89,65 @@ type PacerConfig struct {
 	ColdFactor float64
 }
 
-// spacingMaxRate is the rate up to which consecutive departures are kept at
-// least spacingFactor intervals apart (SPEC G1).
-const (
-	spacingMaxRate = 1000
-	spacingFactor  = 0.99
-	// lagFraction bounds, as a fraction of an interval, how far the schedule
-	// may lag behind a late departure and still be caught up.
-	lagFraction = 0.9
-)
+// DefaultMinSpacing is the default of rate.min_spacing (SPEC §4): a
+// departure may leave up to 5 % of an interval early to make up lateness,
+// room for the lateness of a loaded machine (NOTES.md: a waiter ~20–30 µs
+// late is 2–3 % of an interval at 1,000/s).
+const DefaultMinSpacing = 0.95
+
+// SpacingMaxRate is the rate, in messages per second, up to which
+// consecutive departures keep min_spacing between them (SPEC G1); above it
+// the pacer may release small batches and G1's windows are required for
+// W ≥ BatchWindow.
+const SpacingMaxRate = 1000
+
+// BatchWindow is the shortest window for which SPEC G1's bound is required
+// above SpacingMaxRate.
+const BatchWindow = time.Millisecond
+
+// MakeUpLag is how far, at most, the schedule of a lane at interval iv may
+// lag behind the departures (the lateness that is still made up), for the
+// given slack and min_spacing. With the spacing floor (slack 0, iv of
+// SpacingMaxRate or slower) it is just under one interval: a lag below one
+// interval keeps every window of a whole number of intervals at
+// W × limit + 1, and the floor bounds the others. Without the floor it is
+// what keeps every other window W ≥ W₀ (W₀ = 1/limit, or BatchWindow above
+// SpacingMaxRate) at floor(W × limit / s) + 1 + slack: with k = floor(W₀ ×
+// limit), a lag of (1 − s)(k + 1) intervals. (A window of w = j + δ
+// intervals, j ≥ k, holds at most j + 1 + slack departures when δ + lag < 1,
+// and floor(w/s) ≥ j + 1 as soon as δ ≥ s − j(1 − s).) min_spacing 1 gives 0
+// without the floor: nothing is made up.
+func MakeUpLag(iv time.Duration, slack int, minSpacing float64) time.Duration {
+	minSpacing = clampSpacing(minSpacing)
+	under := iv - 1 // strictly under one interval
+	if iv <= 0 {
+		return 0
+	}
+	if slack == 0 && iv >= time.Second/SpacingMaxRate {
+		return under
+	}
+	k := 1.0
+	if iv < BatchWindow {
+		k = math.Floor(float64(BatchWindow) / float64(iv))
+	}
+	return min(time.Duration((1-minSpacing)*(k+1)*float64(iv)), under)
+}
+
+// SlotTolerance is how late after its slot of a schedule shared by
+// replicas (SPEC §3 Global rate) a departure may still leave: the slack's
+// credit plus the make-up of (1 − min_spacing) intervals. A slot used later
+// than that is dropped, never given back: the departures of all replicas
+// then keep SPEC G1's windows and spacing as one lane's would.
+func SlotTolerance(iv time.Duration, slack int, minSpacing float64) time.Duration {
+	return time.Duration((float64(slack) + 1 - clampSpacing(minSpacing)) * float64(iv))
+}
+
+func clampSpacing(s float64) float64 {
+	if s <= 0 || s > 1 || math.IsNaN(s) {
+		return DefaultMinSpacing
+	}
+	return s
+}
 
 // NewPacer returns a pacer for cfg, cold when warmup is on (SPEC §3: a lane
 // starts cold at process start), with no departure yet. start is the instant
@@ -93,7 +161,13 @@ func NewPacer(cfg PacerConfig, start time.Time) *Pacer {
 }
 
 // SetConfig changes the rate configuration in place from now on, keeping the
-// schedule and the warmth (hot reload).
+// schedule and the warmth (hot reload, adaptive rate, the Redis fallback).
+// A change of rate keeps the schedule in departures, not in time: the
+// distance from the previous departure to the next theoretical one (one
+// interval, less any lag being made up, plus the slack's lead under a
+// backlog) is scaled to the new interval. So the next gap is the new
+// interval, and a reload neither releases the slack again nor costs the
+// lane its place (SPEC G2: a reload earns no credit).
 func (p *Pacer) SetConfig(cfg PacerConfig, now time.Time) {
 	p.advanceWarmth(now)
 	if cfg.Limit <= 0 || math.IsInf(float64(cfg.Limit), 0) || math.IsNaN(float64(cfg.Limit)) {
@@ -108,9 +182,30 @@ func (p *Pacer) SetConfig(cfg PacerConfig, now time.Time) {
 	if cfg.WarmupPeriod < 0 {
 		cfg.WarmupPeriod = 0
 	}
-	p.limit, p.slack, p.period, p.coldFactor = cfg.Limit, cfg.Slack, cfg.WarmupPeriod, cfg.ColdFactor
+	cfg.MinSpacing = clampSpacing(cfg.MinSpacing)
+	var oldIv time.Duration
+	oldSlack := p.slack
+	if p.limit > 0 && !p.tat.IsZero() {
+		oldIv = p.interval(now)
+	}
+	p.limit, p.slack, p.minSpacing, p.period, p.coldFactor = cfg.Limit, cfg.Slack, cfg.MinSpacing, cfg.WarmupPeriod, cfg.ColdFactor
 	if p.period == 0 {
 		p.warmth = 1
+	}
+	if oldIv > 0 {
+		newIv := p.interval(now)
+		if newIv != oldIv && !p.last.IsZero() {
+			ahead := float64(p.tat.Sub(p.last)) * float64(newIv) / float64(oldIv)
+			p.tat = p.last.Add(time.Duration(ahead))
+			// The lag being made up may be no more than the new rate
+			// allows (MakeUpLag differs with and without the floor).
+			if least := p.last.Add(newIv - MakeUpLag(newIv, p.slack, p.minSpacing)); p.tat.Before(least) {
+				p.tat = least
+			}
+		}
+		// A larger slack is credit to be earned by idle time, not given
+		// now: the next departure stays where it was.
+		p.tat = p.tat.Add(time.Duration(p.slack-oldSlack) * p.limit.Interval())
 	}
 }
 
@@ -164,10 +259,19 @@ func (p *Pacer) rate(now time.Time) float64 {
 	return float64(p.limit) * (inv + (1-inv)*p.warmth)
 }
 
-// interval is the emission interval at now, in nanoseconds as a float.
+// interval is the emission interval at now (the warmup ramp included).
 func (p *Pacer) interval(now time.Time) time.Duration {
-	return time.Duration(float64(time.Second) / p.rate(now))
+	return Limit(p.rate(now)).Interval()
 }
+
+// Interval returns the emission interval in force at now, 1 / RampRate.
+func (p *Pacer) Interval(now time.Time) time.Duration { return p.interval(now) }
+
+// Slack returns the configured slack, in departures.
+func (p *Pacer) Slack() int { return p.slack }
+
+// MinSpacing returns rate.min_spacing in force, in intervals.
+func (p *Pacer) MinSpacing() float64 { return p.minSpacing }
 
 // Pause holds departures until the instant until (inclusive of earlier
 // pauses: the later end wins). A pause in the past has no effect.
@@ -184,12 +288,10 @@ func (p *Pacer) PausedUntil() time.Time { return p.pausedUntil }
 // given that a message and a task slot are ready at now. It is ≥ now; it is
 // now when the departure may leave at once. Next does not change the schedule.
 func (p *Pacer) Next(now time.Time) time.Time {
-	at := p.tat
 	iv := p.interval(now)
-	if p.slack > 0 {
-		at = at.Add(-time.Duration(p.slack) * iv)
-	} else if !p.last.IsZero() && p.rate(now) <= spacingMaxRate {
-		if floor := p.last.Add(time.Duration(spacingFactor * float64(iv))); floor.After(at) {
+	at := p.tat.Add(-p.credit())
+	if p.floored(iv) && !p.last.IsZero() {
+		if floor := p.last.Add(time.Duration(p.minSpacing * float64(iv))); floor.After(at) {
 			at = floor
 		}
 	}
@@ -202,46 +304,50 @@ func (p *Pacer) Next(now time.Time) time.Time {
 	return at
 }
 
+// floored reports whether consecutive departures keep min_spacing at
+// interval iv: with slack 0, up to SpacingMaxRate.
+func (p *Pacer) floored(iv time.Duration) bool {
+	return p.slack == 0 && iv >= time.Second/SpacingMaxRate
+}
+
 // Depart records a departure that actually left at now, for a message (and a
 // task slot) that had been ready since ready (ready ≤ now). The schedule
-// advances by one interval from its own time for this departure — the GCRA
-// time, or ready when the work came later — so a waiter's lateness is made up
-// (under 0.9 interval, at 1 % per departure, see the type's doc), while
-// waiting for work or for a slot earns nothing (SPEC G2).
+// advances by one interval from its own time for this departure: the
+// theoretical time, or when the work became ready (or the pause ended) if
+// that was later — so waiting earns at most the slack — or now − MakeUpLag
+// if the departure was later still: lateness up to that lag is made up
+// (see the type's doc), beyond it is forgiven.
 func (p *Pacer) Depart(ready, now time.Time) {
 	if ready.After(now) {
 		ready = now
 	}
+	if p.pausedUntil.After(ready) && !p.pausedUntil.After(now) {
+		ready = p.pausedUntil
+	}
 	iv := p.interval(now)
-	// The schedule's own time for this departure: the GCRA earliest time
-	// (slack and pause included, the spacing floor not), or when the work
-	// became ready if that was later.
-	sched := p.tat
-	if p.slack > 0 {
-		sched = sched.Add(-time.Duration(p.slack) * iv)
-	}
-	if p.pausedUntil.After(sched) {
-		sched = p.pausedUntil
-	}
-	if ready.After(sched) {
-		sched = ready
-	}
 	base := p.tat
-	if sched.After(base) {
-		base = sched
+	if ready.After(base) {
+		base = ready
 	}
-	maxLag := time.Duration(lagFraction * float64(iv))
-	if p.rate(now) > spacingMaxRate {
-		// Above 1,000/s the pacer may release small batches (SPEC G1): a late
-		// wake-up may be made up by up to one interval, which keeps the count
-		// in any window of a whole number of intervals within the bound.
-		maxLag = iv - 1
+	lag := MakeUpLag(iv, p.slack, p.minSpacing)
+	if !p.floored(iv) {
+		// During warmup the interval is longer than the limit's; without
+		// the floor, a lag in those longer intervals would be a burst in
+		// the limit's, so the limit's make-up is the most.
+		lag = min(lag, MakeUpLag(p.limit.Interval(), p.slack, p.minSpacing))
 	}
-	if floor := now.Add(-maxLag); floor.After(base) {
+	if floor := now.Add(-lag); floor.After(base) {
 		base = floor
 	}
 	p.tat = base.Add(iv)
 	p.last = now
+}
+
+// Lag returns how far the schedule lags behind now (lateness still to be
+// made up), 0 when it does not. For the pacing metrics.
+func (p *Pacer) Lag(now time.Time) time.Duration {
+	iv := p.interval(now)
+	return max(0, now.Sub(p.tat.Add(-iv)))
 }
 
 // Wire records that the departure which left at departed actually reached
@@ -269,15 +375,22 @@ func (p *Pacer) Wire(departed, wired time.Time) bool {
 }
 
 // Rebase makes the schedule continue one interval (at the rate in force at
-// now) after the previous departure, with no lateness to make up. Use it
-// when something else timed the departures — a shared schedule across
-// replicas (SPEC §3 Global rate), whose slots make this pacer look late at
-// every departure — and this pacer takes over: without it, that apparent
-// lateness would be caught up at 1 % per departure (see the type's doc).
-// Without a previous departure it does nothing.
+// now) after the previous departure, with no lateness to make up and no
+// slack credit. Use it when something else timed the departures — a shared
+// schedule across replicas (SPEC §3 Global rate), whose slots make this
+// pacer look late at every departure and hold credit it never used — and
+// this pacer takes over (the switch to the Redis fallback earns no credit,
+// SPEC G2). Without a previous departure it does nothing.
 func (p *Pacer) Rebase(now time.Time) {
 	if p.last.IsZero() {
 		return
 	}
-	p.tat = p.last.Add(p.interval(now))
+	p.tat = p.last.Add(p.interval(now) + p.credit())
+}
+
+// credit is the slack's burst tolerance as a duration: slack intervals of
+// the limit (not of the warmup ramp, whose longer intervals would turn a
+// cooling lane's slack into more departures).
+func (p *Pacer) credit() time.Duration {
+	return time.Duration(p.slack) * p.limit.Interval()
 }

@@ -99,10 +99,10 @@ func TestPacerG1BoundUnderBacklog(t *testing.T) {
 		if math.Abs(rate-tc.limit)/tc.limit > 0.005 {
 			t.Errorf("limit %v/s late ≤%v: long-run rate %.3f/s, want within 0.5%%", tc.limit, tc.late, rate)
 		}
-		if tc.limit <= 1000 {
+		if tc.limit <= SpacingMaxRate {
 			iv := time.Duration(float64(time.Second) / tc.limit)
-			if g := minGap(deps); g < time.Duration(0.99*float64(iv)) {
-				t.Errorf("limit %v/s: min gap %v < 0.99 × %v", tc.limit, g, iv)
+			if g := minGap(deps); g < time.Duration(DefaultMinSpacing*float64(iv)) {
+				t.Errorf("limit %v/s: min gap %v < min_spacing × %v", tc.limit, g, iv)
 			}
 		}
 	}
@@ -441,7 +441,8 @@ func TestWarmupCoolsWhenIdle(t *testing.T) {
 
 // TestPacerWireAnchor: the usual departure→wire delay costs no rate; a
 // request that reached the wire late moves the next departure back by its
-// lateness, so the downstream still sees ≥ 0.99 interval between requests.
+// lateness, so the downstream still sees ≥ min_spacing intervals between
+// requests.
 func TestPacerWireAnchor(t *testing.T) {
 	p := NewPacer(PacerConfig{Limit: 100}, t0)
 	now := t0
@@ -462,8 +463,8 @@ func TestPacerWireAnchor(t *testing.T) {
 		t.Errorf("rate at the wire %.3f/s, want within 0.5%% of 100", rate)
 	}
 	for i := 1; i < len(wires); i++ {
-		if g := wires[i].Sub(wires[i-1]); g < 9900*time.Microsecond {
-			t.Errorf("wire gap %d = %v < 0.99 interval", i, g)
+		if g := wires[i].Sub(wires[i-1]); g < 9500*time.Microsecond {
+			t.Errorf("wire gap %d = %v < min_spacing × interval", i, g)
 		}
 	}
 }
@@ -478,7 +479,7 @@ func TestPacerWireFirstRequestDial(t *testing.T) {
 	wire0 := at.Add(6 * time.Millisecond) // dial + write
 	p.Wire(at, wire0)
 	next := p.Next(at)
-	if wire1 := next.Add(200 * time.Microsecond); wire1.Sub(wire0) < 9900*time.Microsecond {
-		t.Fatalf("second request on the wire %v after the first, want ≥ 9.9ms", wire1.Sub(wire0))
+	if wire1 := next.Add(200 * time.Microsecond); wire1.Sub(wire0) < 9500*time.Microsecond {
+		t.Fatalf("second request on the wire %v after the first, want ≥ 9.5ms", wire1.Sub(wire0))
 	}
 }

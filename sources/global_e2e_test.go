@@ -174,10 +174,10 @@ func TestGlobalThreeReplicas(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer rs.Close()
-		m := metrics.New(prometheus.NewRegistry()).Lane("payments")
+		m := metrics.New(prometheus.NewRegistry()).Lane("payments", float64(cfg.Rate.Limit))
 		tr := &transitions{}
 		lane, err := drain.New("payments", cfg, src, down, drain.WithMetrics(m), drain.WithLogger(slog.New(tr)),
-			drain.WithGlobal(rs.Lane("payments", cfg.Rate.Slack), replicas))
+			drain.WithGlobal(rs.Lane("payments"), replicas))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,6 +16,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/drain"
+	"github.com/shaper-dev/shaper/shaper"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -193,4 +195,10 @@ func sleepUntil(t time.Time) {
 	if d := time.Until(t); d > 0 {
 		time.Sleep(d)
 	}
+}
+
+// slotReq is a reservation at interval iv with no slack and the default
+// min_spacing.
+func slotReq(iv time.Duration) drain.SlotRequest {
+	return drain.SlotRequest{Interval: iv, MinSpacing: shaper.DefaultMinSpacing}
 }

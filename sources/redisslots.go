@@ -20,6 +20,8 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/drain"
+	"github.com/shaper-dev/shaper/shaper"
 )
 
 // The global schedule of a lane (SPEC §3 "Global rate", docs/scaling.md).
@@ -57,17 +59,6 @@ var gcraScript string
 
 // Lease sizing: a lease covers at most leaseSpan of the schedule.
 const leaseSpan = 2 * time.Millisecond
-
-// lagFraction is how far, in intervals, a reservation may be placed behind
-// the server's now when the schedule is idle (tat in the past): a replica
-// whose request arrives a little after its slot's time loses nothing (the
-// same catch-up of under one interval as the local pacer's, shaper.Pacer).
-const lagFraction = 0.5
-
-// staleFraction bounds the lateness of a departure after its slot, in
-// intervals (plus the slack): a slot older than that is dropped. It is
-// below 1 so that windows of whole intervals keep the bound of SPEC G1.
-const staleFraction = 0.9
 
 // ErrRedisReply is wrapped when Redis answers the script with something
 // that is not a reservation (a bug, or a key of another type).
@@ -240,19 +231,18 @@ func (r *RedisSlots) Key(lane string) string {
 	return "{" + r.prefix + ":" + lane + "}:schedule"
 }
 
-// Lane returns the shared schedule of lane, with the lane's rate.slack.
-// It implements drain.GlobalSchedule.
-func (r *RedisSlots) Lane(lane string, slack int) *LaneSlots {
-	return &LaneSlots{r: r, key: r.Key(lane), slack: max(0, slack)}
+// Lane returns the shared schedule of lane. It implements
+// drain.GlobalSchedule.
+func (r *RedisSlots) Lane(lane string) *LaneSlots {
+	return &LaneSlots{r: r, key: r.Key(lane)}
 }
 
 // LaneSlots is one lane's view of its shared schedule: it reserves leases
 // and hands their slots out one departure at a time. It is safe for
 // concurrent use, but one departure loop is expected to call Reserve.
 type LaneSlots struct {
-	r     *RedisSlots
-	key   string
-	slack int
+	r   *RedisSlots
+	key string
 
 	mu    sync.Mutex
 	lease lease
@@ -286,28 +276,26 @@ func leaseSize(interval time.Duration) int {
 	return max(1, int(leaseSpan/interval))
 }
 
-// staleness is how late after its slot a departure may still use it.
-func staleness(interval time.Duration, slack int) time.Duration {
-	return time.Duration((float64(slack) + staleFraction) * float64(interval))
-}
-
 // Reserve takes the next slot of the lane's shared schedule for one
-// departure at interval (the lane's current emission interval) and returns
+// departure at r.Interval (the lane's current emission interval) and returns
 // the local time at which the departure may leave; it may be in the past by
-// less than (slack + 0.9) intervals. It calls Redis when the current lease
+// up to shaper.SlotTolerance (slack + 1 − min_spacing intervals): a slot
+// older than that is dropped, so that the departures of all replicas keep
+// SPEC G1's windows and spacing. It calls Redis when the current lease
 // is used up (and, for leases of several slots, when handing out the last
 // slot, to reserve the next lease ahead). An error means Redis failed or
 // did not answer within the timeout: no slot is given, the caller paces
 // locally. A call that times out is tried once more before Reserve gives
 // up, so Reserve returns within about twice the timeout (at once when the
 // connection is refused).
-func (s *LaneSlots) Reserve(ctx context.Context, interval time.Duration) (time.Time, error) {
+func (s *LaneSlots) Reserve(ctx context.Context, r drain.SlotRequest) (time.Time, error) {
+	interval := r.Interval
 	if interval <= 0 {
 		return time.Time{}, fmt.Errorf("redis schedule %s: interval %v must be > 0", s.key, interval)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	tol := staleness(interval, s.slack)
+	tol := shaper.SlotTolerance(interval, r.Slack, r.MinSpacing)
 	s.lease.dropStale(s.r.clock(), tol)
 	switch left := s.lease.n - s.lease.next; {
 	case left > 1:
@@ -320,17 +308,17 @@ func (s *LaneSlots) Reserve(ctx context.Context, interval time.Duration) (time.T
 		// the next call, when there is no slot left to give.
 		t := s.lease.slot(s.lease.next)
 		s.lease.next++
-		if next, err := s.reserve(ctx, interval); err == nil {
+		if next, err := s.reserve(ctx, r); err == nil {
 			s.lease = next
 		}
 		return t, nil
 	}
-	next, err := s.reserve(ctx, interval)
+	next, err := s.reserve(ctx, r)
 	if err != nil && ctx.Err() == nil && isTimeout(err) {
 		// One late answer (a stall of this process or of Redis) is not an
 		// outage: falling back while the other replicas still reach Redis
 		// would add this replica's fallback rate on top of the limit.
-		next, err = s.reserve(ctx, interval)
+		next, err = s.reserve(ctx, r)
 	}
 	if err != nil {
 		return time.Time{}, err
@@ -355,7 +343,8 @@ func isTimeout(err error) bool {
 
 // reserve runs the script for a lease of leaseSize(interval) slots; s.mu
 // is held.
-func (s *LaneSlots) reserve(ctx context.Context, interval time.Duration) (lease, error) {
+func (s *LaneSlots) reserve(ctx context.Context, r drain.SlotRequest) (lease, error) {
+	interval := r.Interval
 	if !s.sync.set {
 		// A first round trip is often lopsided (lazy set-up on the way
 		// out): anchor the clock on a few samples before the first lease.
@@ -372,8 +361,10 @@ func (s *LaneSlots) reserve(ctx context.Context, interval time.Duration) (lease,
 	reply, t0, t1, err := s.run(ctx, "reserve",
 		strconv.FormatFloat(ivUS, 'f', 3, 64),
 		strconv.Itoa(k),
-		strconv.Itoa(s.slack),
-		strconv.FormatFloat(lagFraction*ivUS, 'f', 3, 64))
+		strconv.Itoa(max(0, r.Slack)),
+		// The make-up of a late request: (1 − min_spacing) intervals, and
+		// not on top of the slack (an idle schedule grants 1 + slack).
+		strconv.FormatFloat(float64(shaper.MakeUpLag(interval, 1, r.MinSpacing))/float64(time.Microsecond), 'f', 3, 64))
 	if err != nil {
 		return lease{}, err
 	}

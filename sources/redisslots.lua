@@ -10,8 +10,10 @@
 -- reserve  ARGV[2] interval in microseconds (> 0, may have a fraction)
 --          ARGV[3] k, the number of consecutive slots to reserve (>= 1)
 --          ARGV[4] slack, the burst tolerance in slots (>= 0)
---          ARGV[5] lag in microseconds (>= 0): how far behind now an idle
---                  schedule may place the first slot
+--          ARGV[5] lag in microseconds (>= 0): how far behind now a late
+--                  request may place its first slot (the make-up of
+--                  lateness); it does not add to the slack: an idle
+--                  schedule grants 1 + slack slots up to now, no more
 --          returns {start, now, pause}: the slots are start + i*interval
 --          for i < k; tat advances to start + k*interval.
 -- pause    ARGV[2] length of the pause from now, microseconds (> 0)
@@ -65,7 +67,7 @@ local lag = tonumber(ARGV[5])
 if not iv or iv <= 0 or not k or k < 1 or not slack or slack < 0 or not lag or lag < 0 then
   return redis.error_reply('ERR shaper: bad reserve arguments')
 end
-local start = math.max(tat, pause, now - slack * iv - lag)
+local start = math.max(tat, pause, now - math.max(slack * iv, lag))
 tat = start + k * iv
 redis.call('HSET', key, 'tat', string.format('%.3f', tat))
 keep()

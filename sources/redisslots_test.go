@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/drain"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -26,9 +27,10 @@ func interval(perSecond float64) time.Duration {
 // departure. offer (if > 0) spaces the attempts like a producer offering
 // that many per second: an attempt never starts before the previous one's
 // offer time.
-func consume(ls *LaneSlots, iv time.Duration, stop time.Time, offer time.Duration, w shaper.Waiter,
+func consume(ls *LaneSlots, req drain.SlotRequest, stop time.Time, offer time.Duration, w shaper.Waiter,
 	clockOffset time.Duration) (slots, departures []time.Time, err error) {
 	ctx := context.Background()
+	iv := req.Interval
 	if w == nil {
 		w = shaper.TimerWaiter{}
 	}
@@ -42,7 +44,7 @@ func consume(ls *LaneSlots, iv time.Duration, stop time.Time, offer time.Duratio
 			}
 			next = next.Add(offer)
 		}
-		s, err := ls.Reserve(ctx, iv)
+		s, err := ls.Reserve(ctx, req)
 		if err != nil {
 			return slots, departures, err
 		}
@@ -51,7 +53,7 @@ func consume(ls *LaneSlots, iv time.Duration, stop time.Time, offer time.Duratio
 			return slots, departures, err
 		}
 		now := time.Now()
-		if now.Sub(s) > staleness(iv, ls.slack) {
+		if now.Sub(s) > shaper.SlotTolerance(iv, req.Slack, req.MinSpacing) {
 			continue // woke too late for this slot: not used, not given back
 		}
 		departures = append(departures, now)
@@ -76,13 +78,13 @@ func TestRedisGCRATwoReplicas(t *testing.T) {
 		perClient    [2]int
 		rs0          = newSlots(t, rd.addr)
 		rs1          = newSlots(t, rd.addr)
-		clientsSlots = []*LaneSlots{rs0.Lane("payments", 0), rs1.Lane("payments", 0)}
+		clientsSlots = []*LaneSlots{rs0.Lane("payments"), rs1.Lane("payments")}
 	)
 	for i, ls := range clientsSlots {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, d, err := consume(ls, iv, stop, 0, shaper.NewPreciseWaiter(), 0)
+			s, d, err := consume(ls, slotReq(iv), stop, 0, shaper.NewPreciseWaiter(), 0)
 			mu.Lock()
 			defer mu.Unlock()
 			slots, deps = append(slots, s...), append(deps, d...)
@@ -129,7 +131,7 @@ func TestRedisLeasesAt10k(t *testing.T) {
 		t.Fatalf("lease size at 10,000/s = %d, want 20", k)
 	}
 	rs := []*RedisSlots{newSlots(t, rd.addr), newSlots(t, rd.addr)}
-	lanes := []*LaneSlots{rs[0].Lane("fast", 0), rs[1].Lane("fast", 0)}
+	lanes := []*LaneSlots{rs[0].Lane("fast"), rs[1].Lane("fast")}
 	stop := time.Now().Add(time.Second)
 	var (
 		mu   sync.Mutex
@@ -141,7 +143,7 @@ func TestRedisLeasesAt10k(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, d, err := consume(ls, iv, stop, 0, shaper.NewPreciseWaiter(), 0)
+			_, d, err := consume(ls, slotReq(iv), stop, 0, shaper.NewPreciseWaiter(), 0)
 			mu.Lock()
 			deps = append(deps, d...)
 			if err != nil {
@@ -186,14 +188,14 @@ func TestRedisLeasesAt10k(t *testing.T) {
 	// pause puts them half a second ahead, so that none of their slots is
 	// stale when handed out, however slowly this goroutine runs.
 	ctx := context.Background()
-	probe := newSlots(t, rd.addr).Lane("fast", 0)
+	probe := newSlots(t, rd.addr).Lane("fast")
 	if err := probe.Pause(ctx, time.Now().Add(500*time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
 	before := probe.calls.Load()
 	var got []time.Time
 	for range 3 * 20 {
-		s, err := probe.Reserve(ctx, iv)
+		s, err := probe.Reserve(ctx, slotReq(iv))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -217,9 +219,9 @@ func TestRedisLeasesAt10k(t *testing.T) {
 func TestRedisScriptReloadAfterFlush(t *testing.T) {
 	rd := startRedis(t)
 	rs := newSlots(t, rd.addr)
-	ls := rs.Lane("payments", 0)
+	ls := rs.Lane("payments")
 	ctx := context.Background()
-	if _, err := ls.Reserve(ctx, interval(100)); err != nil {
+	if _, err := ls.Reserve(ctx, slotReq(interval(100))); err != nil {
 		t.Fatal(err)
 	}
 	sha := rs.script.Hash()
@@ -229,11 +231,11 @@ func TestRedisScriptReloadAfterFlush(t *testing.T) {
 	if got := rd.do("SCRIPT", "FLUSH"); got != "+OK" {
 		t.Fatalf("SCRIPT FLUSH: %q", got)
 	}
-	s1, err := ls.Reserve(ctx, interval(100))
+	s1, err := ls.Reserve(ctx, slotReq(interval(100)))
 	if err != nil {
 		t.Fatalf("Reserve after SCRIPT FLUSH: %v", err)
 	}
-	s2, err := ls.Reserve(ctx, interval(100))
+	s2, err := ls.Reserve(ctx, slotReq(interval(100)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,16 +261,16 @@ func TestRedisSkewedClock(t *testing.T) {
 		t.Run(skew.String(), func(t *testing.T) {
 			rd := startRedis(t)
 			iv := interval(150)
-			a := newSlots(t, rd.addr).Lane("payments", 0)
-			b := newSlots(t, rd.addr, WithRedisClock(func() time.Time { return time.Now().Add(skew) })).Lane("payments", 0)
+			a := newSlots(t, rd.addr).Lane("payments")
+			b := newSlots(t, rd.addr, WithRedisClock(func() time.Time { return time.Now().Add(skew) })).Lane("payments")
 			ctx := context.Background()
 			var all []time.Time
 			for range 30 {
-				sa, err := a.Reserve(ctx, iv)
+				sa, err := a.Reserve(ctx, slotReq(iv))
 				if err != nil {
 					t.Fatal(err)
 				}
-				sb, err := b.Reserve(ctx, iv)
+				sb, err := b.Reserve(ctx, slotReq(iv))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -292,16 +294,16 @@ func TestRedisSkewedClock(t *testing.T) {
 // slot ("allowed", case C26) and never a wait without end.
 func TestRedisFailureIsAnError(t *testing.T) {
 	rd := startRedis(t)
-	ls := newSlots(t, rd.addr).Lane("payments", 0)
+	ls := newSlots(t, rd.addr).Lane("payments")
 	ctx := context.Background()
-	if _, err := ls.Reserve(ctx, interval(100)); err != nil {
+	if _, err := ls.Reserve(ctx, slotReq(interval(100))); err != nil {
 		t.Fatal(err)
 	}
 	check := func(t *testing.T, ls *LaneSlots) {
 		t.Helper()
 		for i := range 5 {
 			start := time.Now()
-			s, err := ls.Reserve(ctx, interval(100))
+			s, err := ls.Reserve(ctx, slotReq(interval(100)))
 			took := time.Since(start)
 			if err == nil {
 				t.Fatalf("call %d: a slot %v with Redis failing, want an error", i, s)
@@ -319,7 +321,7 @@ func TestRedisFailureIsAnError(t *testing.T) {
 		check(t, ls)
 	})
 	t.Run("nothing listening", func(t *testing.T) {
-		check(t, newSlots0(t, rd.addr).Lane("payments", 0))
+		check(t, newSlots0(t, rd.addr).Lane("payments"))
 	})
 	t.Run("not answering", func(t *testing.T) {
 		// A listener that accepts connections and never replies: a Redis
@@ -352,12 +354,12 @@ func TestRedisFailureIsAnError(t *testing.T) {
 			}
 			mu.Unlock()
 		}()
-		check(t, newSlots0(t, ln.Addr().String()).Lane("payments", 0))
+		check(t, newSlots0(t, ln.Addr().String()).Lane("payments"))
 	})
 	t.Run("cancelled", func(t *testing.T) {
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
-		if _, err := newSlots0(t, rd.addr).Lane("payments", 0).Reserve(cctx, interval(100)); !errors.Is(err, context.Canceled) {
+		if _, err := newSlots0(t, rd.addr).Lane("payments").Reserve(cctx, slotReq(interval(100))); !errors.Is(err, context.Canceled) {
 			t.Errorf("Reserve with a cancelled context: %v", err)
 		}
 	})
@@ -379,8 +381,8 @@ func newSlots0(t *testing.T, addr string) *RedisSlots {
 // the end of the pause with no burst.
 func TestRedisPauseIsShared(t *testing.T) {
 	rd := startRedis(t)
-	a := newSlots(t, rd.addr).Lane("payments", 0)
-	b := newSlots(t, rd.addr).Lane("payments", 0)
+	a := newSlots(t, rd.addr).Lane("payments")
+	b := newSlots(t, rd.addr).Lane("payments")
 	ctx := context.Background()
 	until := time.Now().Add(300 * time.Millisecond)
 	if err := a.Pause(ctx, until); err != nil {
@@ -390,11 +392,11 @@ func TestRedisPauseIsShared(t *testing.T) {
 		t.Fatal(err)
 	}
 	iv := interval(100)
-	s1, err := b.Reserve(ctx, iv)
+	s1, err := b.Reserve(ctx, slotReq(iv))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s2, err := a.Reserve(ctx, iv)
+	s2, err := a.Reserve(ctx, slotReq(iv))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,11 +446,12 @@ func TestCase_C23_GlobalBurst(t *testing.T) {
 				errs        []error
 			)
 			for range 2 {
-				ls := newSlots(t, rd.addr).Lane("c23", tc.slack)
+				ls := newSlots(t, rd.addr).Lane("c23")
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					s, d, err := consume(ls, iv, stop, interval(offer), nil, 0)
+					s, d, err := consume(ls, drain.SlotRequest{Interval: iv, Slack: tc.slack, MinSpacing: shaper.DefaultMinSpacing},
+						stop, interval(offer), nil, 0)
 					mu.Lock()
 					slots, deps = append(slots, s...), append(deps, d...)
 					if err != nil {
@@ -518,17 +521,17 @@ func BenchmarkReserve(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer rs.Close()
-			ls := rs.Lane("bench", 0)
+			ls := rs.Lane("bench")
 			ctx := context.Background()
 			iv := interval(limit)
-			if _, err := ls.Reserve(ctx, iv); err != nil {
+			if _, err := ls.Reserve(ctx, slotReq(iv)); err != nil {
 				b.Fatal(err)
 			}
 			calls0 := ls.calls.Load()
 			b.ResetTimer()
 			start := time.Now()
 			for range b.N {
-				if _, err := ls.Reserve(ctx, iv); err != nil {
+				if _, err := ls.Reserve(ctx, slotReq(iv)); err != nil {
 					b.Fatal(err)
 				}
 			}

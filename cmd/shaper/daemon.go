@@ -77,7 +77,7 @@ func (d *daemon) start(ctx context.Context) (err error) {
 	}()
 	// Every series of every lane exists before /metrics answers (SPEC §6).
 	for name := range d.cfg.Downstreams {
-		d.m.Lane(name).BucketCapacity.Set(float64(d.cfg.Downstreams[name].Bucket.Capacity))
+		d.m.Lane(name, float64(d.cfg.Downstreams[name].Rate.Limit)).BucketCapacity.Set(float64(d.cfg.Downstreams[name].Bucket.Capacity))
 	}
 	// Admin first, so /healthz answers and /readyz says "not yet".
 	if d.adminLn, err = net.Listen("tcp", d.cfg.Admin.Listen); err != nil {
@@ -150,7 +150,7 @@ type laneRec struct {
 // newLane creates (but does not start) the lane name: its dead-letter
 // stream when its subject has none, source, sink and lane.
 func (d *daemon) newLane(ctx context.Context, name string, lc config.Lane) (*laneRec, error) {
-	d.m.Lane(name) // its series exist even when it fails to start (SPEC §6)
+	d.m.Lane(name, float64(lc.Rate.Limit)) // its series exist even when it fails to start (SPEC §6)
 	// A dead_letter.subject outside shaper.dead.> needs a stream of its own,
 	// or every dead letter would fail and be retried forever.
 	if subj := lc.DeadLetter.Subject; subj != "" {
@@ -180,12 +180,12 @@ func (d *daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 	}
 	opts := []drain.Option{
 		drain.WithLogger(d.log),
-		drain.WithMetrics(d.m.Lane(name)),
+		drain.WithMetrics(d.m.Lane(name, float64(lc.Rate.Limit))),
 		drain.WithWaiter(d.waiter()),
 		drain.WithDeadLetter(sinks.NewNATS(d.js, lc.DeadLetter.Subject)),
 	}
 	if lc.Rate.Global {
-		opts = append(opts, drain.WithGlobal(d.redis.Lane(name, lc.Rate.Slack), d.cfg.Redis.ReplicasHint))
+		opts = append(opts, drain.WithGlobal(d.redis.Lane(name), d.cfg.Redis.ReplicasHint))
 	}
 	lane, err := drain.New(name, lc, src, sink, opts...)
 	if err != nil {

@@ -337,7 +337,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (bool
 		}
 	}()
 
-	lane := d.m.Lane("payments")
+	lane := d.m.Lane("payments", float64(o.limit))
 	gauge := func(g prometheus.Gauge) float64 {
 		var m dto.Metric
 		_ = g.Write(&m)
