@@ -435,7 +435,7 @@ func (l *Lane) admit(m *shaper.Message, reserved bool) {
 		l.tasks.Add(1)
 		go func() {
 			defer l.tasks.Done()
-			l.deadLetter(m, metrics.ReasonInvalid, errors.New(m.Invalid), 0)
+			l.deadLetter(m, metrics.ReasonInvalid, errors.New(m.Invalid), notAttempted)
 		}()
 		return
 	}
@@ -462,7 +462,7 @@ func (l *Lane) admit(m *shaper.Message, reserved bool) {
 		l.tasks.Add(1)
 		go func() {
 			defer l.tasks.Done()
-			l.deadLetter(m, reason, err, 0)
+			l.deadLetter(m, reason, err, notAttempted)
 		}()
 		return
 	}
@@ -692,7 +692,7 @@ func (l *Lane) expire(m *shaper.Message, maxAge time.Duration) {
 	l.tasks.Add(1)
 	go func() {
 		defer l.tasks.Done()
-		l.deadLetter(m, metrics.ReasonExpired, fmt.Errorf("older than bucket.max_age %s at departure", maxAge), 0)
+		l.deadLetter(m, metrics.ReasonExpired, fmt.Errorf("older than bucket.max_age %s at departure", maxAge), notAttempted)
 	}()
 }
 
@@ -867,6 +867,12 @@ func (l *Lane) nak(m *shaper.Message, delay time.Duration, reason string) {
 	l.m.Retries[reason].Inc()
 }
 
+// notAttempted is the status passed to deadLetter for a message dead-lettered
+// before this delivery reached the sink (overflow, max_wait, expired,
+// invalid): its Shaper-Attempts counts only the earlier deliveries' attempts
+// and it has no Shaper-Last-Status.
+const notAttempted = -1
+
 // deadLetter publishes m with its reason to the dead-letter subject and, once
 // the server acknowledged that publish, terminates the original (SPEC §3,
 // G4). When the publish fails the original is nak'd instead: nothing is lost.
@@ -883,11 +889,17 @@ func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status 
 	}
 	h[HeaderReason] = []string{reason}
 	h[HeaderDownstream] = []string{l.name}
-	h[HeaderAttempts] = []string{strconv.FormatUint(m.NumDelivered, 10)}
+	attempts := m.NumDelivered
+	if status == notAttempted && attempts > 0 {
+		attempts-- // this delivery never reached the sink
+	}
+	h[HeaderAttempts] = []string{strconv.FormatUint(attempts, 10)}
 	if cause != nil {
 		h[HeaderLastError] = []string{truncate(cause.Error(), 512)}
 	}
-	h[HeaderLastStatus] = []string{strconv.Itoa(status)}
+	if status != notAttempted {
+		h[HeaderLastStatus] = []string{strconv.Itoa(status)}
+	}
 	h[HeaderStream] = []string{m.Stream}
 	h[HeaderStreamSeq] = []string{strconv.FormatUint(m.StreamSeq, 10)}
 	h[HeaderKey] = []string{m.Key()}

@@ -122,6 +122,12 @@ func (h *harness) stop(budget time.Duration) Summary {
 	defer cancel()
 	s := h.lane.Drain(ctx)
 	h.src.close()
+	h.src.mu.Lock()
+	twice := h.src.twice
+	h.src.mu.Unlock()
+	if twice > 0 {
+		h.t.Errorf("%d deliveries got a second final verb (ack/nak/term): SPEC G4 settles each once", twice)
+	}
 	return s
 }
 

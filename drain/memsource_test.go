@@ -24,12 +24,19 @@ type memSource struct {
 	fetches   int
 	redeliver int // redeliveries caused by ack wait expiry
 	closed    bool
+	// twice counts final verbs (ack, nak, term) sent for a delivery that
+	// already had one: the lane must settle each delivery exactly once
+	// (SPEC G4). harness.stop asserts it stays 0.
+	twice int
+	// publishedAgo back-dates the publish time of the next messages.
+	publishedAgo time.Duration
 }
 
 type memMsg struct {
 	src       *memSource
 	id        int
 	data      []byte
+	published time.Time
 	delivered uint64
 	state     string // "ready", "pending", "acked", "termed"
 	sentAt    time.Time
@@ -47,7 +54,8 @@ func newMemSource(ackWait time.Duration) *memSource {
 func (s *memSource) publish(n int) {
 	s.mu.Lock()
 	for range n {
-		m := &memMsg{src: s, id: len(s.all), data: fmt.Appendf(nil, "msg-%d", len(s.all)), state: "ready"}
+		m := &memMsg{src: s, id: len(s.all), data: fmt.Appendf(nil, "msg-%d", len(s.all)), state: "ready",
+			published: time.Now().Add(-s.publishedAgo)}
 		s.all = append(s.all, m)
 		s.queue = append(s.queue, m)
 	}
@@ -82,7 +90,7 @@ func (s *memSource) Fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 		for _, m := range batch {
 			got++
 			deliver(&shaper.Message{
-				Subject: "jobs", Data: m.data, Stream: "MEM", StreamSeq: uint64(m.id + 1),
+				Subject: "jobs", Data: m.data, Stream: "MEM", StreamSeq: uint64(m.id + 1), Published: m.published,
 				NumDelivered: m.delivered, Received: time.Now(), Acker: &memAcker{m: m, seen: m.delivered},
 			})
 		}
@@ -160,6 +168,9 @@ func (a *memAcker) verb(v string) (*memMsg, error) {
 	m := a.m
 	m.verbs = append(m.verbs, fmt.Sprintf("%s@%d", v, a.seen))
 	if m.state != "pending" || m.delivered != a.seen {
+		if v != "wip" && m.delivered == a.seen {
+			m.src.twice++
+		}
 		return nil, fmt.Errorf("message %d already settled (%s)", m.id, m.state)
 	}
 	return m, nil

@@ -19,7 +19,13 @@ import (
 // several goroutines; a verb after the message was already acknowledged returns
 // an error and has no effect.
 type Acker interface {
-	// Ack reports success. It waits for the server's confirmation (or for ctx).
+	// Ack reports success. It may return before the server has the ack:
+	// the JetStream acker sends it fire-and-forget (a confirmed ack per
+	// message caps a consumer near 30k/s, NOTES.md), so a nil error means
+	// sent, not stored; the daemon flushes the connection before closing it
+	// so that the acks of a drain reach the server (case C19), and an ack
+	// lost in a crash is a redelivery with the same key (G8), never a loss.
+	// ctx bounds the call where an implementation does wait.
 	Ack(ctx context.Context) error
 	// Nak asks for redelivery after delay (0 = at once). The delivery counter
 	// of the message increases when it comes back.
