@@ -108,8 +108,8 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 	}
 	cfg := l.conf()
 	req := SlotRequest{Interval: shaper.Limit(rate).Interval(), Slack: cfg.Rate.Slack, MinSpacing: cfg.Rate.MinSpacing}
-	if g.noCredit {
-		req.Slack = 0
+	if g.fallback || g.noCredit {
+		req.Slack = 0 // the probe that finds the store back, and the grace
 	}
 	if !g.held.IsZero() {
 		if now.Sub(g.held) <= shaper.SlotTolerance(req.Interval, req.Slack, req.MinSpacing) {

@@ -33,6 +33,7 @@ type fakeSchedule struct {
 	okAt     []time.Time // successful attempts
 	failures []time.Time // failed attempts
 	pauses   []time.Time
+	reqs     []SlotRequest // successful requests, in order
 }
 
 var errFakeDown = errors.New("fake store: unreachable")
@@ -48,9 +49,10 @@ func (f *fakeSchedule) Reserve(ctx context.Context, r SlotRequest) (time.Time, e
 	}
 	f.reserves++
 	f.okAt = append(f.okAt, now)
+	f.reqs = append(f.reqs, r)
 	start := f.tat
-	if start.Before(now) {
-		start = now
+	if idle := now.Add(-time.Duration(r.Slack) * iv); start.Before(idle) {
+		start = idle // GCRA: an idle schedule grants 1 + slack at once
 	}
 	if start.Before(f.paused) {
 		start = f.paused
@@ -370,6 +372,63 @@ func TestGlobalDrainWhileWaitingForASlot(t *testing.T) {
 		}
 		if len(sink.snapshot()) != 0 || s.Leftovers != 10 {
 			t.Errorf("%d delivered, %d leftovers; want 0 and 10", len(sink.snapshot()), s.Leftovers)
+		}
+	})
+}
+
+// TestGlobalReturnEarnsNoCredit: SPEC G2 — the switch back from the local
+// fallback earns no credit. The shared schedule sat idle during the outage;
+// the lane's first reservations after it ask for no slack (the schedule
+// would grant 1 + slack at once), and the slack comes back with the full
+// limit after the grace; nothing leaves in a burst at the return.
+func TestGlobalReturnEarnsNoCredit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := &fakeSchedule{share: 1}
+		sink := &recSink{}
+		cfg := laneConfig(30)
+		cfg.Rate.Slack = 3
+		cfg.Rate.Global = true
+		h := &harness{t: t, src: newMemSource(cfg.Source.AckWait), dead: &recSink{}, reg: prometheus.NewRegistry()}
+		h.m = metrics.New(h.reg).Lane("test", 30)
+		l, err := New("test", cfg, h.src, sink, WithWaiter(shaper.TimerWaiter{}), WithMetrics(h.m),
+			WithDeadLetter(h.dead), WithGlobal(g, 3))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.lane = l
+		h.src.publish(1000)
+		start := time.Now()
+		at := func(s float64) time.Time { return start.Add(time.Duration(s * float64(time.Second))) }
+		h.lane.Start()
+		time.Sleep(time.Until(at(2)))
+		g.set(func(f *fakeSchedule) { f.down = true })
+		time.Sleep(time.Until(at(5)))
+		g.set(func(f *fakeSchedule) { f.down = false })
+		time.Sleep(time.Until(at(12)))
+		synctest.Wait()
+		h.stop(time.Second)
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		var after []SlotRequest
+		for i, ok := range g.okAt {
+			if ok.After(at(5)) {
+				after = append(after, g.reqs[i])
+			}
+		}
+		if len(after) == 0 || after[0].Slack != 0 {
+			t.Fatalf("first reservation after the outage asked for slack %v, want 0", after)
+		}
+		if last := after[len(after)-1]; last.Slack != 3 {
+			t.Errorf("after the grace the lane asks for slack %d, want 3 again", last.Slack)
+		}
+		var ts []time.Time
+		for _, c := range sink.snapshot() {
+			if c.at.After(at(5)) {
+				ts = append(ts, c.at)
+			}
+		}
+		if w := maxInWindow(ts, time.Second/30); w > 1 {
+			t.Errorf("%d departures within one interval after the return, want 1 (no credit)", w)
 		}
 	})
 }
