@@ -199,3 +199,85 @@ func TestNATSErrors(t *testing.T) {
 		}
 	})
 }
+
+// TestNATSOwnConnection: the sink publishes on a connection of its own,
+// dialed with the caller's options at the first Send but without its
+// callbacks, and closes only that one on Close.
+func TestNATSOwnConnection(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	t.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	var mu sync.Mutex
+	var events []string
+	event := func(what string) func(*nats.Conn) {
+		return func(*nats.Conn) {
+			mu.Lock()
+			events = append(events, what)
+			mu.Unlock()
+		}
+	}
+	nc, err := nats.Connect(srv.ClientURL(), nats.Name("caller"),
+		nats.ClosedHandler(event("closed")), nats.DisconnectHandler(event("disconnected")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	createStream(t, js, "OUT", "out.>")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	s := sinks.NewNATS(js, "out.jobs")
+	var wired []time.Time
+	for range 3 {
+		start := time.Now()
+		wctx := shaper.WithWire(ctx, func(at time.Time) { wired = append(wired, at) })
+		if err := s.Send(wctx, testMessage()); err != nil {
+			t.Fatalf("Send: %v", err)
+		}
+		if len(wired) == 0 || wired[len(wired)-1].Before(start) {
+			t.Fatalf("Send reported no write of its publish to the wire (reports %v, Send began %v)", wired, start)
+		}
+	}
+	if len(wired) != 3 {
+		t.Errorf("%d wire reports for 3 Sends, want one each", len(wired))
+	}
+	if n := srv.NumClients(); n != 2 {
+		t.Errorf("server has %d clients after the sink's Sends, want 2 (the caller's and the sink's own)", n)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for srv.NumClients() != 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := srv.NumClients(); n != 1 {
+		t.Errorf("server has %d clients after Close, want 1 (the caller's)", n)
+	}
+	if !nc.IsConnected() {
+		t.Error("Close closed the caller's connection")
+	}
+	if _, err := js.Publish(ctx, "out.jobs", []byte("still usable")); err != nil {
+		t.Errorf("the caller's JetStream after Close: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(events) != 0 {
+		t.Errorf("the caller's connection callbacks ran for the sink's connection: %v", events)
+	}
+}
