@@ -46,12 +46,18 @@ type Sink interface {
 }
 
 // WireReporter is implemented by sinks that call the function of
-// shaper.WithWire when a request leaves for the downstream. For them, up to
-// 1,000/s, a departure waits until the previous request is on the wire, so
-// that requests reach the downstream in order and spaced as they departed —
-// for at most maxWireWait, so that a request stuck in the client (a dial
-// that hangs) does not hold the lane for long (G5). Only the write of a
-// request can hold the next departure, never the wait for its response.
+// shaper.WithWire when a request leaves for the downstream. For them a
+// departure waits until the previous request is on the wire, so that
+// requests reach the downstream in order and spaced as they departed (SPEC
+// G1: the bounds hold for what reaches the downstream) — at every rate:
+// above 1,000/s, task goroutines that start late would otherwise reach the
+// wire in clumps (measured with the nats sink at 10,000/s: 28–54 in 1 ms
+// for a bound of 11 without the hold, 12 with it). It waits for at most
+// maxWireWait (or an interval, if longer), so that a request stuck in the
+// client (a dial that hangs) does not hold the lane for long (G5). Only the
+// write of a request can hold the next departure, never the wait for its
+// response. The cost is rate when the write path is slower than an
+// interval: then the wire, not the pacer, sets the pace.
 type WireReporter interface {
 	ReportsWire() bool
 }
@@ -514,7 +520,7 @@ func (l *Lane) departLoop() {
 			l.mu.Lock()
 			at := l.pacer.Next(now)
 			if l.unwired != nil {
-				if rate := l.pacer.Rate(now); rate > 0 && rate <= shaper.SpacingMaxRate {
+				if rate := l.pacer.Rate(now); rate > 0 {
 					bound := max(maxWireWait, shaper.Limit(rate).Interval())
 					if w := l.departedAt.Add(bound); w.After(at) {
 						at = w
