@@ -41,6 +41,8 @@ func TestBenchQuick(t *testing.T) {
 		"## 5. Memory of a full bucket", "## 6. Redis global pacing", "Not yet implemented (issue 5)",
 		"| shaper ", "| x/time/rate ", "| uber ratelimit ", "| uber WithoutSlack ", "| time.Ticker ",
 		"| shaper lane, 1e6/s, no-op sink ", "| nats.go Consume + Ack (ceiling) ",
+		"## 7. CPU per departure against clock_nanosleep", "| clock_nanosleep ", "| clock_nanosleep raw ",
+		"shaper vs the issue's clock_nanosleep loop", "CPU hog on the other core",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)

@@ -6,6 +6,8 @@
 //	go run ./bench            # full run, under 5 minutes on 2 cores
 //	go run ./bench -quick     # under a minute; CI runs it (TestBenchQuick)
 //	go run ./bench -out FILE  # write the report elsewhere
+//	go run ./bench -section cpu [-cpuprofile FILE]
+//	                          # section 7 alone, on stdout only (and a CPU profile)
 //
 // It prints the same Markdown on stdout and its progress on stderr.
 package main
@@ -16,6 +18,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 )
 
@@ -26,12 +29,49 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	quick := fs.Bool("quick", false, "short run (under 60 s) for CI: fewer departures and messages")
 	out := fs.String("out", "", "where to write the report (default docs/BENCHMARKS.md of the module)")
+	section := fs.String("section", "", "run one section alone and print it without writing the report: cpu (section 7)")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "bench: unexpected arguments %q\n", fs.Args())
 		return 2
+	}
+	if *section != "" && *section != "cpu" {
+		fmt.Fprintf(stderr, "bench: unknown section %q (cpu)\n", *section)
+		return 2
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(stderr, "bench:", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(stderr, "bench:", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if *section == "cpu" {
+		res, err := Run(Options{Quick: *quick, OnlyCPU: true, Progress: stderr})
+		if err != nil {
+			fmt.Fprintln(stderr, "bench:", err)
+			return 1
+		}
+		fmt.Fprint(stdout, res.cpuMarkdown())
+		for _, h := range res.cpuHeadlines() {
+			fmt.Fprintln(stdout, "- "+h)
+		}
+		for _, pr := range res.problems {
+			fmt.Fprintln(stderr, "bench:", pr)
+		}
+		if len(res.problems) > 0 {
+			return 1
+		}
+		return 0
 	}
 	path := *out
 	if path == "" {

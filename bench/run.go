@@ -19,6 +19,8 @@ type Options struct {
 	Command string
 	// Progress receives one line per measurement (nil: none).
 	Progress io.Writer
+	// OnlyCPU runs section 7 alone (-section cpu).
+	OnlyCPU bool
 }
 
 // busyLimit is the share of the machine used by other processes above which
@@ -38,9 +40,10 @@ type plan struct {
 	thrMsgs     int // messages in the throughput stream
 	thrReps     int
 	fixedRate   float64
-	fixedMsgs   int // messages of the fixed-rate stream (section 4)
-	memMsgs     int // bucket of section 5, synthetic messages
-	memJSMsgs   int // bucket of section 5, messages fetched from JetStream
+	fixedMsgs   int           // messages of the fixed-rate stream (section 4)
+	memMsgs     int           // bucket of section 5, synthetic messages
+	memJSMsgs   int           // bucket of section 5, messages fetched from JetStream
+	cpuCell     time.Duration // one loop of section 7 at one rate
 }
 
 func planFor(quick bool) plan {
@@ -55,6 +58,7 @@ func planFor(quick bool) plan {
 		fixedMsgs:   5000,
 		memMsgs:     100_000,
 		memJSMsgs:   100_000,
+		cpuCell:     4 * time.Second,
 	}
 	if quick {
 		p.cell = 200 * time.Millisecond
@@ -63,6 +67,7 @@ func planFor(quick bool) plan {
 		p.thrReps = 1
 		p.fixedMsgs = 1100
 		p.memJSMsgs = 10_000
+		p.cpuCell = 300 * time.Millisecond
 	}
 	return p
 }
@@ -80,6 +85,8 @@ type Results struct {
 	thr       []thrRow
 	fixed     []endToEnd
 	mem       []memoryRow
+	cpu       []cpuCell // section 7
+	hog       string    // the command of section 7's CPU hog
 	problems  []string
 	retries   int
 	quietWait time.Duration // spent waiting for a quiet machine
@@ -161,6 +168,13 @@ func Run(opts Options) (*Results, error) {
 		return s
 	}
 
+	if opts.OnlyCPU {
+		res.runCPU(quiet, logf)
+		res.took = time.Since(res.started)
+		res.load = whole.other()
+		return res, nil
+	}
+
 	// 1. Pacing precision.
 	for _, r := range p.rates {
 		for _, k := range res.kinds {
@@ -180,6 +194,12 @@ func Run(opts Options) (*Results, error) {
 	}
 
 	logf("sections 1-2 took %s", time.Since(res.started).Round(time.Millisecond))
+
+	// 7. CPU per departure against clock_nanosleep, idle and with a hog.
+	// It runs here, before NATS is started, so that no server shares the
+	// process.
+	res.runCPU(quiet, logf)
+	logf("section 7 done at %s", time.Since(res.started).Round(time.Millisecond))
 
 	// 3–5 run against an embedded NATS server.
 	dir, err := os.MkdirTemp("", "shaper-bench-")
@@ -297,6 +317,12 @@ func Run(opts Options) (*Results, error) {
 	res.took = time.Since(res.started)
 	res.load = whole.other()
 	return res, nil
+}
+
+func (res *Results) runCPU(quiet func(), logf func(string, ...any)) {
+	cells, hog, problems := runCPUSection(res.plan.cpuCell, quiet, logf)
+	res.cpu, res.hog = cells, hog
+	res.problems = append(res.problems, problems...)
 }
 
 // environment describes the machine and the run.

@@ -5,21 +5,53 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
-// maxEarly caps how early the precise waiter aims to absorb its wake-up
-// latency; the rest of the way it spins.
-const maxEarly = 200 * time.Microsecond
+// Tuning of the precise waiter (measured on these machines: docs/BENCHMARKS.md
+// section 7 and the history of this file).
+const (
+	// maxEarly caps how early the waiter aims ahead of the deadline to absorb
+	// its wake-up latency; the rest of the way it spins.
+	maxEarly = 200 * time.Microsecond
+	// earlyQuantile is the share of timer wake-ups the estimate of the
+	// wake-up latency aims to bring back before the deadline. The rest wake
+	// a little late: the pacer makes that up (SPEC G1, min_spacing), but up
+	// to 1,000/s by a departure closer than one interval, which a strict
+	// downstream may count against the lane. A higher share costs spin: the
+	// latency spreads over ~15–25 µs between its median and its 90th
+	// percentile here, and every µs of estimate above the actual latency is
+	// a µs spun. Measured at 1,000/s: 0.75 spun ~8–9 µs per departure, the
+	// median ~2–5 µs with about twice as many wake-ups late by more than 1 % of
+	// an interval.
+	earlyQuantile = 0.75
+	// shortWait and shortQuantile: waits shorter than shortWait (rates above
+	// ~2,000/s, where the pacer keeps no spacing floor and makes up a lag
+	// under MakeUpLag at once) aim for the median instead: a few µs of
+	// lateness cost nothing there, and the spin was up to half the waiter's CPU
+	// at 10,000/s.
+	shortWait     = 500 * time.Microsecond
+	shortQuantile = 0.5
+	// earlyStep is the step of the quantile estimate (see learn). One stall
+	// of a millisecond moves it by 1.5 µs (the moving average of the latency
+	// used before grew by 20 µs per stall and spun that much more for the
+	// next dozen waits).
+	earlyStep = 2 * time.Microsecond
+	// minSleep is the shortest wait worth a timer: a wake-up takes ~20–50 µs
+	// here, so a shorter wait is spun whole.
+	minSleep = 50 * time.Microsecond
+)
 
 // PreciseWaiter sleeps until an absolute instant with microsecond precision
 // without holding a scheduler slot (P) while it sleeps. It arms a timerfd
 // (CLOCK_MONOTONIC, TFD_TIMER_ABSTIME; hrtimer precision, no timer slack)
-// and reads it through Go's network poller, so the goroutine is parked like
-// any socket reader; it aims early by a moving estimate of the wake-up
-// latency and spins the remaining microseconds.
+// and waits for it in Go's network poller, so the goroutine is parked like
+// any socket reader; it aims early by an estimate of the wake-up latency
+// (a quantile of it, see earlyQuantile) and spins the remaining microseconds.
 //
 // Measured here (NOTES.md): Go's own timers wake up to ~1 ms late when idle
 // (epoll_wait has a millisecond timeout) and several ms on a busy machine;
@@ -27,27 +59,53 @@ const maxEarly = 200 * time.Microsecond
 // syscall — with 2 cores that starves the sink's HTTP goroutines for
 // milliseconds. A timerfd in the poller has neither problem.
 //
-// Cancellation is immediate: ctx (through context.AfterFunc) and a token on
-// the wake channel (through one watcher goroutine per waiter, started with
-// the first Wait and stopped by Unbind — not one goroutine per wait, which
-// cost the departure loop an allocation and a goroutine per departure) set a
+// Its hot path makes no syscall through syscall.Syscall: arming the timerfd
+// and reading it are non-blocking raw syscalls, and the clock offset to
+// CLOCK_MONOTONIC is read once at Bind. A plain syscall's entersyscall wakes
+// sysmon out of its deep sleep (all Ps were idle while the waiter slept), and
+// sysmon then polled every 20 µs while the departure ran: on these machines
+// that was three context switches per departure instead of one and about
+// 40 % of the waiter's CPU.
+//
+// Cancellation is immediate: ctx and a token on the wake channel are watched
+// by one goroutine per waiter (started by the first Wait that has something
+// to watch, restarted when the caller passes another ctx or channel, stopped
+// by Unbind; not one goroutine or context.AfterFunc per wait), which sets a
 // read deadline in the past. A wake token that arrives between waits makes
 // the next Wait return at once, as a buffered channel would.
 // A PreciseWaiter is used by one goroutine at a time, between Bind and Unbind.
 type PreciseWaiter struct {
 	f     *os.File
+	rc    syscall.RawConn
 	fd    int
 	err   error
-	early time.Duration // moving estimate of the wake-up latency
+	early time.Duration // estimate of the wake-up latency (see earlyQuantile)
 
-	watched   <-chan struct{} // the wake channel the watcher reads
+	// The kernel's CLOCK_MONOTONIC at the instant base (read together at
+	// Bind): time.Time's monotonic clock is CLOCK_MONOTONIC too, so the two
+	// differ by a constant.
+	base     time.Time
+	baseMono int64
+
+	// read is the callback of rc.Read, built once: it arms the timer on its
+	// first call (after the poller has reset the fd's readiness, so an expiry
+	// cannot be missed) and reads the expiry afterwards.
+	read    func(fd uintptr) bool
+	armAt   int64 // CLOCK_MONOTONIC ns to arm at, for read's first call
+	armed   bool
+	readErr syscall.Errno
+	buf     [8]byte
+
+	watchWake <-chan struct{} // the wake channel the watcher reads
+	watchDone <-chan struct{} // the ctx.Done() it reads
 	stopWatch chan struct{}
-	watchDone chan struct{}
+	watchExit chan struct{}
 
-	mu      sync.Mutex
-	waiting bool // a Read of the timerfd is in progress
-	woke    bool // the watcher interrupted that Read
-	pending bool // a wake token arrived between waits
+	mu       sync.Mutex
+	waiting  bool // a read of the timerfd is in progress
+	woke     bool // the watcher interrupted that read for a wake token
+	pending  bool // a wake token arrived between waits
+	deadline bool // an interrupt set a read deadline in the past
 }
 
 // NewPreciseWaiter returns a precise waiter (Linux). It falls back to a
@@ -64,37 +122,99 @@ func (w *PreciseWaiter) Bind() {
 		w.err = err
 		return
 	}
-	w.fd = fd
-	w.f = os.NewFile(uintptr(fd), "shaper-timerfd")
-}
-
-// Unbind stops the wake watcher and closes the timerfd; a later Bind makes
-// a new one.
-func (w *PreciseWaiter) Unbind() {
-	if w.stopWatch != nil {
-		close(w.stopWatch)
-		<-w.watchDone
-		w.stopWatch, w.watched = nil, nil
-	}
-	if w.f != nil {
-		_ = w.f.Close()
-		w.f = nil
-	}
-}
-
-// watch starts the goroutine that turns tokens on wake into interrupts.
-func (w *PreciseWaiter) watch(wake <-chan struct{}) {
-	if wake == nil || wake == w.watched {
+	f := os.NewFile(uintptr(fd), "shaper-timerfd")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		_ = f.Close()
+		w.err = err
 		return
 	}
+	w.fd, w.f, w.rc = fd, f, rc
+	w.calibrate()
+	if w.read == nil {
+		w.read = w.readTimer
+	}
+}
+
+// readTimer is the body of w.read.
+func (w *PreciseWaiter) readTimer(fd uintptr) bool {
+	if !w.armed {
+		w.armed = true
+		spec := unix.ItimerSpec{Value: unix.NsecToTimespec(w.armAt)}
+		if _, _, e := unix.RawSyscall6(unix.SYS_TIMERFD_SETTIME, fd, unix.TFD_TIMER_ABSTIME,
+			uintptr(unsafe.Pointer(&spec)), 0, 0, 0); e != 0 {
+			w.readErr = e
+			return true
+		}
+		return false // armed in the future: wait in the poller
+	}
+	for {
+		_, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&w.buf[0])), uintptr(len(w.buf)))
+		switch e {
+		case 0:
+			return true
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false // woken before the expiry: wait again
+		}
+		w.readErr = e
+		return true
+	}
+}
+
+// calibrate reads CLOCK_MONOTONIC between two readings of time.Now and
+// keeps the tightest of a few tries: the offset is then known to a fraction
+// of a microsecond, which the early margin absorbs.
+func (w *PreciseWaiter) calibrate() {
+	best := time.Duration(1<<63 - 1)
+	for range 5 {
+		var ts unix.Timespec
+		t1 := time.Now()
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+			continue
+		}
+		if d := time.Since(t1); d < best {
+			best = d
+			w.base, w.baseMono = t1.Add(d/2), ts.Nano()
+		}
+	}
+}
+
+// Unbind stops the watcher and closes the timerfd; a later Bind makes a new
+// one.
+func (w *PreciseWaiter) Unbind() {
+	w.stopWatcher()
+	if w.f != nil {
+		_ = w.f.Close()
+		w.f, w.rc = nil, nil
+	}
+}
+
+func (w *PreciseWaiter) stopWatcher() {
 	if w.stopWatch != nil {
 		close(w.stopWatch)
-		<-w.watchDone
+		<-w.watchExit
+		w.stopWatch, w.watchExit = nil, nil
 	}
-	w.watched, w.stopWatch, w.watchDone = wake, make(chan struct{}), make(chan struct{})
-	stop, done, f := w.stopWatch, w.watchDone, w.f
+	w.watchWake, w.watchDone = nil, nil
+}
+
+// watch makes sure that a goroutine turns a token on wake and the end of
+// done into interrupts of the read in progress.
+func (w *PreciseWaiter) watch(done, wake <-chan struct{}) {
+	if done == w.watchDone && wake == w.watchWake {
+		return
+	}
+	w.stopWatcher()
+	if done == nil && wake == nil {
+		return
+	}
+	w.watchDone, w.watchWake = done, wake
+	w.stopWatch, w.watchExit = make(chan struct{}), make(chan struct{})
+	stop, exit := w.stopWatch, w.watchExit
 	go func() {
-		defer close(done)
+		defer close(exit)
 		for {
 			select {
 			case <-stop:
@@ -103,14 +223,27 @@ func (w *PreciseWaiter) watch(wake <-chan struct{}) {
 				w.mu.Lock()
 				if w.waiting {
 					w.woke = true
-					_ = f.SetReadDeadline(time.Unix(1, 0))
+					w.interrupt()
 				} else {
 					w.pending = true
+				}
+				w.mu.Unlock()
+			case <-done:
+				done = nil // closed for good; Wait reads ctx.Err()
+				w.mu.Lock()
+				if w.waiting {
+					w.interrupt()
 				}
 				w.mu.Unlock()
 			}
 		}
 	}()
+}
+
+// interrupt ends the read in progress; w.mu is held.
+func (w *PreciseWaiter) interrupt() {
+	w.deadline = true
+	_ = w.f.SetReadDeadline(time.Unix(1, 0))
 }
 
 // Wait implements Waiter.
@@ -122,59 +255,90 @@ func (w *PreciseWaiter) Wait(ctx context.Context, t time.Time, wake <-chan struc
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	w.watch(wake)
+	w.watch(ctx.Done(), wake)
+	rem := time.Until(t)
+	early := w.early
+	if rem >= minSleep {
+		// Always leave a timed wait of at least half the way, so that the
+		// estimate keeps learning and never settles into spinning whole
+		// intervals (a machine busy for a while once left it above the
+		// interval at 10,000/s, where it spun a core until the lane stopped).
+		early = min(early, rem/2)
+	}
+	aim := t.Add(-early)
 	w.mu.Lock()
 	if w.pending {
 		w.pending = false
 		w.mu.Unlock()
 		return true, nil
 	}
-	w.mu.Unlock()
-	aim := t.Add(-w.early)
-	if rem := time.Until(aim); rem > 0 {
-		var ts unix.Timespec
-		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-			return TimerWaiter{}.Wait(ctx, t, wake)
-		}
-		spec := unix.ItimerSpec{Value: unix.NsecToTimespec(ts.Nano() + int64(rem))}
-		if err := unix.TimerfdSettime(w.fd, unix.TFD_TIMER_ABSTIME, &spec, nil); err != nil {
-			return TimerWaiter{}.Wait(ctx, t, wake)
-		}
-		w.mu.Lock()
+	if rem < minSleep || !aim.After(time.Now()) {
+		w.mu.Unlock()
+		spinUntil(t)
+		return false, nil
+	}
+	if w.deadline {
 		_ = w.f.SetReadDeadline(time.Time{})
-		w.waiting, w.woke = true, false
-		w.mu.Unlock()
-		stop := context.AfterFunc(ctx, func() {
-			w.mu.Lock()
-			if w.waiting {
-				_ = w.f.SetReadDeadline(time.Unix(1, 0))
-			}
-			w.mu.Unlock()
-		})
-		var buf [8]byte
-		_, rerr := w.f.Read(buf[:])
-		stop()
-		w.mu.Lock()
-		w.waiting = false
-		byWake := w.woke
-		w.mu.Unlock()
-		if rerr != nil && errors.Is(rerr, os.ErrDeadlineExceeded) {
+		w.deadline = false
+	}
+	w.waiting, w.woke = true, false
+	w.mu.Unlock()
+	// A ctx ended before waiting was set was seen by the watcher with
+	// nothing to interrupt; ctx.Err() is set before Done is closed.
+	var rerr error
+	if rerr = ctx.Err(); rerr == nil {
+		w.armAt, w.armed, w.readErr = w.baseMono+int64(aim.Sub(w.base)), false, 0
+		rerr = w.rc.Read(w.read)
+	}
+	w.mu.Lock()
+	w.waiting = false
+	byWake := w.woke
+	w.mu.Unlock()
+	if rerr != nil || w.readErr != 0 {
+		if w.armed {
 			disarm := unix.ItimerSpec{}
-			_ = unix.TimerfdSettime(w.fd, 0, &disarm, nil)
-			if err := ctx.Err(); err != nil {
-				return false, err
-			}
-			return byWake, nil
+			_, _, _ = unix.RawSyscall6(unix.SYS_TIMERFD_SETTIME, uintptr(w.fd), 0, uintptr(unsafe.Pointer(&disarm)), 0, 0, 0)
+		}
+		if err := ctx.Err(); err != nil {
+			return false, err
 		}
 		if byWake {
-			return true, nil // interrupted just as the timer fired: re-read Next
+			return true, nil
 		}
-		late := -time.Until(aim)
-		// Exponential moving average of the wake-up latency, 1/8 weight.
-		w.early += (min(max(late, 0), maxEarly) - w.early) / 8
+		if !errors.Is(rerr, os.ErrDeadlineExceeded) {
+			// The timerfd failed (not seen in practice): a plain timer.
+			return TimerWaiter{}.Wait(ctx, t, wake)
+		}
+		return false, nil
 	}
-	for time.Now().Before(t) {
-		// Spin the last microseconds; bounded by the estimate above.
+	if byWake {
+		return true, nil // interrupted just as the timer fired: re-read Next
 	}
+	q := earlyQuantile
+	if rem < shortWait {
+		q = shortQuantile
+	}
+	w.learn(time.Since(aim), q)
+	spinUntil(t)
 	return false, nil
+}
+
+// learn moves the estimate of the wake-up latency towards its q-th
+// quantile (stochastic approximation: up by earlyStep×q after a late
+// wake-up, down by earlyStep×(1−q) after an early one, which balances
+// where a share q of the wake-ups is early), by a fixed step whatever the
+// size of the sample: a stall (the thread lost its CPU) counts as one late
+// wake-up.
+func (w *PreciseWaiter) learn(late time.Duration, q float64) {
+	if late > w.early {
+		w.early = min(w.early+time.Duration(q*float64(earlyStep)), maxEarly)
+	} else {
+		w.early = max(w.early-time.Duration((1-q)*float64(earlyStep)), 0)
+	}
+}
+
+// spinUntil spins the last microseconds on the clock (vDSO, no syscall).
+func spinUntil(t time.Time) {
+	for time.Now().Before(t) {
+	}
 }
