@@ -24,10 +24,14 @@ var (
 
 // lateQuantiles is the lateness of shaper's PreciseWaiter against its target
 // on this machine (2 shared cores, a CPU hog on the other core), in µs, at
-// the quantiles 0, 10, 50, 90, 99, 99.9 and 100 %: the tail models a stalled
-// process. Drawn by inverse transform with linear interpolation.
+// the quantiles 0, 10, 50, 90, 99, 99.9 and 100 %, measured by `go run
+// ./bench` section 7 (docs/BENCHMARKS.md; 1,000/s and 10,000/s beside the
+// hog: p50 0.10–0.14, p90 5.3–6.2, p99 71–173, p99.9 471–1,722, max
+// 4,949–7,002): about half the wake-ups on time to a fraction of a µs, a
+// body to ~10 µs and a tail set by the load. Drawn by inverse transform
+// with linear interpolation.
 var lateQuantiles = []struct{ q, us float64 }{
-	{0, 0}, {0.10, 2}, {0.50, 8}, {0.90, 25}, {0.99, 120}, {0.999, 400}, {1, 2000},
+	{0, 0}, {0.10, 0.08}, {0.50, 0.12}, {0.90, 6}, {0.99, 120}, {0.999, 1000}, {1, 6000},
 }
 
 func drawLateness(rng *rand.Rand) time.Duration {
@@ -287,10 +291,14 @@ func TestPacerPropertyWindows(t *testing.T) {
 // TestPacerLongRunRateUnderLateness: SPEC G1's long-run rate. Under a
 // backlog, with the waiter's measured lateness (lateQuantiles), every 10 s
 // holds limit × 10 s within 0.5 % at the default min_spacing, from 0.5/s to
-// 10,000/s. With min_spacing 1.0 lateness cannot be made up and the rate
-// falls short by it: at most by the mean lateness per departure.
+// 1,000/s, and never more than the limit at any rate. Above 1,000/s the
+// measured tail (1 % of wake-ups later than 120 µs, 0.1 % later than 1 ms)
+// is longer than the interval, and lateness beyond one interval cannot be
+// made up without a burst: 5,000/s and 10,000/s fall 2–4 % short with this
+// distribution (logged, not asserted; docs/BENCHMARKS.md). With
+// min_spacing 1.0 lateness cannot be made up at all.
 func TestPacerLongRunRateUnderLateness(t *testing.T) {
-	for _, limit := range []float64{0.5, 1, 100, 1000} {
+	for _, limit := range []float64{0.5, 1, 100, 1000, 5000, 10000} {
 		for _, ms := range []float64{DefaultMinSpacing, 1} {
 			seed := uint64(limit*1000) + uint64(ms*7)
 			rng := rand.New(rand.NewPCG(seed, 1))
@@ -317,7 +325,9 @@ func TestPacerLongRunRateUnderLateness(t *testing.T) {
 				rate := float64(got) / span.Seconds()
 				short := (limit - rate) / limit
 				switch {
-				case ms < 1 && math.Abs(short) > 0.005 && math.Abs(float64(got-want)) > 1:
+				case ms < 1 && limit > SpacingMaxRate && i == 0:
+					t.Logf("limit %v/s min_spacing %v: %d departures in %v (%.2f %% short)", limit, ms, got, span, 100*short)
+				case ms < 1 && limit <= SpacingMaxRate && math.Abs(short) > 0.005 && math.Abs(float64(got-want)) > 1:
 					t.Fatalf("seed %d limit %v/s min_spacing %v: %d departures in %v (%.3f/s), want %d within 0.5 %%",
 						seed, limit, ms, got, span, rate, want)
 				case rate > limit*1.005 && got > want+1:
