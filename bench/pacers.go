@@ -34,6 +34,11 @@ func pacerKinds() []pacerKind {
 		{"shaper", "shaper.Pacer + shaper.NewPreciseWaiter() (timerfd in the poller, then spin)", func(r float64) taker {
 			return newShaperTaker(r, &recWaiter{inner: shaper.NewPreciseWaiter()})
 		}},
+		{"shaper min_spacing 1.0", "the same, configured for a strict judge (rate.min_spacing: 1.0: never early)", func(r float64) taker {
+			t := newShaperTaker(r, &recWaiter{inner: shaper.NewPreciseWaiter()})
+			t.p = shaper.NewPacer(shaper.PacerConfig{Limit: shaper.Limit(r), MinSpacing: 1}, time.Now())
+			return t
+		}},
 		{"shaper (TimerWaiter)", "the same pacer on shaper.TimerWaiter{} (a plain time.Timer)", func(r float64) taker {
 			return newShaperTaker(r, &recWaiter{inner: shaper.TimerWaiter{}})
 		}},

@@ -211,6 +211,26 @@ func (r *Results) Markdown() string {
 	// 7.
 	w("%s", r.cpuMarkdown())
 
+	// 8.
+	w("## 8. Long-run rate of a lane beside a CPU hog (SPEC G1)\n\n")
+	if len(r.longrun) == 0 && len(r.longNotes) == 0 {
+		w("Full runs only (`go run ./bench`): the check needs 10 s windows.\n\n")
+	} else {
+		w("A real `drain.Lane` (in-memory source, no-op sink, the daemon's precise waiter, max_in_flight 64,\n")
+		w("min_spacing %.2f) under a permanent backlog, beside %s, measured at departure (the\n", shaper.DefaultMinSpacing, r.hogOrDefault())
+		w("instant the lane stamps on each message). Every 10 s window of the run, sliding from each departure, is\n")
+		w("counted: SPEC G1 asks for limit × 10 s within 0.5 %% (at least ±1: a window of whole intervals holds\n")
+		w("one more). Above 1,000/s a wake-up later than one interval is lost for good (making it up would be a\n")
+		w("burst), so there the shortfall is this machine's wake-up tail (section 7), not the pacing math.\n\n")
+		w("%s\n", longRunMarkdown(r.longrun))
+		for _, n := range r.longNotes {
+			w("- miss: %s\n", n)
+		}
+		if len(r.longNotes) > 0 {
+			w("\n")
+		}
+	}
+
 	w("%s", analysis)
 	return b.String()
 }
@@ -367,8 +387,11 @@ func fmtSeconds(d time.Duration) string {
 // and headlines above, which are computed.
 const analysis = `## Reading the numbers
 
-**What shaper buys.** Of the contenders, only shaper's pacer keeps every window within G1 *and* never
-releases two departures closer than 0.99 interval: the strict judge rejects none of its departures, while
+**What shaper buys.** Of the contenders, only shaper's pacer keeps every window within G1 *and*, configured
+for a judge of spacing (rate.min_spacing: 1.0), never releases two departures closer than one interval: the
+strict judge rejects none of its departures. At its default min_spacing 0.95 it makes lateness up by
+leaving up to 5 % early, which this judge (set at 99 % of the rate, a 1 % margin) rejects now and then, as
+SPEC G1 says it may: an operator facing such a judge sets min_spacing 1.0 or a margin over 5 %. Meanwhile
 x/time/rate (burst 1), uber ratelimit (with or without slack) and a time.Ticker are all rejected at 99 % of
 the judge's limit (section 2). They fail for the reasons NOTES.md gives: Go timers wake ~1 ms late here,
 and every one of them makes up lateness with a quick departure (x/time/rate's token, uber's slack, the

@@ -85,8 +85,10 @@ type Results struct {
 	thr       []thrRow
 	fixed     []endToEnd
 	mem       []memoryRow
-	cpu       []cpuCell // section 7
-	hog       string    // the command of section 7's CPU hog
+	cpu       []cpuCell    // section 7
+	hog       string       // the command of section 7's CPU hog
+	longrun   []longRunRow // section 8 (full runs only)
+	longNotes []string     // section 8's misses: reported, not failures
 	problems  []string
 	retries   int
 	quietWait time.Duration // spent waiting for a quiet machine
@@ -312,6 +314,12 @@ func Run(opts Options) (*Results, error) {
 			res.problems = append(res.problems, fmt.Sprintf("memory %s: %v", m.name, m.err))
 		}
 		logf("memory %-50s %.0f bytes/message", m.name, m.perMsg)
+	}
+
+	// 8. Long-run rate beside a CPU hog (full runs only: 10 s windows).
+	if !opts.Quick {
+		quiet()
+		res.longrun, res.longNotes = runLongRunSection(false, logf)
 	}
 
 	res.took = time.Since(res.started)
