@@ -748,48 +748,24 @@ func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
 		l.m.Deliveries[metrics.OutcomeSuccess].Inc()
 		return
 	}
-	var se *shaper.SinkError
-	errors.As(err, &se)
-	status := 0
-	if se != nil {
-		status = se.Status
-	}
-	if errors.Is(err, shaper.ErrPermanent) {
-		if l.deadLetter(m, metrics.ReasonRejectedBySink, err, status) {
+	cfg := l.conf()
+	v := decide(err, timedOut, m.NumDelivered, cfg.Source, cfg.Task.Retry)
+	if v.kind == verdictDeadLetter {
+		if l.deadLetter(m, v.reason, err, v.status) {
 			l.m.Deliveries[metrics.OutcomeDeadLetter].Inc()
 		} else {
 			l.m.Deliveries[metrics.OutcomeRetry].Inc()
 		}
 		return
 	}
-	if md := l.conf().Source.MaxDeliver; md > 0 && m.NumDelivered >= uint64(md) {
-		if l.deadLetter(m, metrics.ReasonMaxDeliver, err, status) {
-			l.m.Deliveries[metrics.OutcomeDeadLetter].Inc()
-		} else {
-			l.m.Deliveries[metrics.OutcomeRetry].Inc()
-		}
-		return
+	if v.pause {
+		// The downstream is saturated: pause the whole lane (SPEC §3).
+		l.Pause(time.Now().Add(v.delay))
 	}
-	delay := l.backoff(m.NumDelivered)
-	reason := metrics.OutcomeError
-	if timedOut {
-		reason = metrics.OutcomeTimeout
-	}
-	if se != nil && se.RetryAfter > 0 && l.conf().Task.Retry.RetryAfter {
-		delay = se.RetryAfter
-		if md := l.conf().Task.Retry.MaxDelay; md > 0 && delay > md {
-			delay = md
-		}
-		if se.Saturated {
-			// The downstream is saturated: pause the whole lane (SPEC §3).
-			reason = metrics.RetryRateLimited
-			l.Pause(time.Now().Add(delay))
-		}
-	}
-	l.log.Debug("attempt failed", "msg_id", m.Key(), "attempt", m.NumDelivered, "status", status, "err", err, "retry_in", delay)
-	l.warnFailures(m, status, err, delay)
+	l.log.Debug("attempt failed", "msg_id", m.Key(), "attempt", m.NumDelivered, "status", v.status, "err", err, "retry_in", v.delay)
+	l.warnFailures(m, v.status, err, v.delay)
 	l.m.Deliveries[metrics.OutcomeRetry].Inc()
-	l.nak(m, delay, reason)
+	l.nak(m, v.delay, v.reason)
 }
 
 // failureLogEvery bounds the warnings about failing attempts: one line per
@@ -809,20 +785,6 @@ func (l *Lane) warnFailures(m *shaper.Message, status int, err error, delay time
 	l.failures.Add(-n)
 	l.log.Warn("delivery attempts failing; messages are retried", "failed_attempts", n,
 		"last_status", status, "last_err", err, "msg_id", m.Key(), "retry_in", delay)
-}
-
-// backoff returns the retry delay for delivery count n (SPEC §3: indexed by
-// delivery count, the last value repeats).
-func (l *Lane) backoff(n uint64) time.Duration {
-	b := l.conf().Task.Retry.Backoff
-	if len(b) == 0 {
-		return time.Second
-	}
-	i := int(min(n, uint64(len(b)))) - 1
-	if i < 0 {
-		i = 0
-	}
-	return b[i]
 }
 
 // wired moves the pacer's spacing anchor to when m's request really left
@@ -886,7 +848,7 @@ const notAttempted = -1
 func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status int) bool {
 	if l.dead == nil {
 		l.log.Error("no dead-letter publisher; message handed back", "msg_id", m.Key(), "reason", reason)
-		l.nak(m, l.backoff(m.NumDelivered), metrics.OutcomeError)
+		l.nak(m, backoff(l.conf().Task.Retry.Backoff, m.NumDelivered), metrics.OutcomeError)
 		return false
 	}
 	h := make(map[string][]string, len(m.Header)+7)
@@ -917,7 +879,7 @@ func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status 
 	cancel()
 	if err != nil {
 		l.log.Error("dead-letter publish failed; message handed back", "msg_id", m.Key(), "reason", reason, "err", err)
-		l.nak(m, l.backoff(m.NumDelivered), metrics.OutcomeError)
+		l.nak(m, backoff(l.conf().Task.Retry.Backoff, m.NumDelivered), metrics.OutcomeError)
 		return false
 	}
 	if err := m.Acker.Term(reason); err != nil {
