@@ -350,7 +350,7 @@ func (l *Lane) Drain(ctx context.Context) Summary {
 			break
 		}
 		left++
-		l.nak(m, drainNakDelay, metrics.RetryDrain)
+		l.nak(m, drainNakDelay, shaper.RetryDrain)
 	}
 	l.m.BucketDepth.Set(0)
 	l.tasks.Wait()
@@ -441,7 +441,7 @@ func (l *Lane) admit(m *shaper.Message, reserved bool) {
 		l.tasks.Add(1)
 		go func() {
 			defer l.tasks.Done()
-			l.deadLetter(m, metrics.ReasonInvalid, errors.New(m.Invalid), notAttempted)
+			l.deadLetter(m, shaper.ReasonInvalid, errors.New(m.Invalid), notAttempted)
 		}()
 		return
 	}
@@ -461,9 +461,9 @@ func (l *Lane) admit(m *shaper.Message, reserved bool) {
 	l.mu.Unlock()
 	wasEmpty, err := l.bucket.Admit(m, now, reserved, rate, maxWait)
 	if err != nil {
-		reason := metrics.ReasonOverflow
+		reason := shaper.ReasonOverflow
 		if errors.Is(err, shaper.ErrMaxWait) {
-			reason = metrics.ReasonMaxWait
+			reason = shaper.ReasonMaxWait
 		}
 		l.tasks.Add(1)
 		go func() {
@@ -698,7 +698,7 @@ func (l *Lane) expire(m *shaper.Message, maxAge time.Duration) {
 	l.tasks.Add(1)
 	go func() {
 		defer l.tasks.Done()
-		l.deadLetter(m, metrics.ReasonExpired, fmt.Errorf("older than bucket.max_age %s at departure", maxAge), notAttempted)
+		l.deadLetter(m, shaper.ReasonExpired, fmt.Errorf("older than bucket.max_age %s at departure", maxAge), notAttempted)
 	}()
 }
 
@@ -724,11 +724,11 @@ func (l *Lane) runTask(m *shaper.Message) {
 	cancel()
 	switch {
 	case err == nil:
-		l.m.TaskDuration[metrics.OutcomeSuccess].Observe(took.Seconds())
+		l.m.TaskDuration[shaper.OutcomeSuccess].Observe(took.Seconds())
 	case timedOut:
-		l.m.TaskDuration[metrics.OutcomeTimeout].Observe(took.Seconds())
+		l.m.TaskDuration[shaper.OutcomeTimeout].Observe(took.Seconds())
 	default:
-		l.m.TaskDuration[metrics.OutcomeError].Observe(took.Seconds())
+		l.m.TaskDuration[shaper.OutcomeError].Observe(took.Seconds())
 	}
 	l.settle(m, err, timedOut)
 }
@@ -745,16 +745,16 @@ func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
 			l.log.Warn("ack failed", "msg_id", m.Key(), "err", aerr)
 		}
 		l.delivered.Add(1)
-		l.m.Deliveries[metrics.OutcomeSuccess].Inc()
+		l.m.Deliveries[shaper.OutcomeSuccess].Inc()
 		return
 	}
 	cfg := l.conf()
 	v := decide(err, timedOut, m.NumDelivered, cfg.Source, cfg.Task.Retry)
 	if v.kind == verdictDeadLetter {
 		if l.deadLetter(m, v.reason, err, v.status) {
-			l.m.Deliveries[metrics.OutcomeDeadLetter].Inc()
+			l.m.Deliveries[shaper.OutcomeDeadLetter].Inc()
 		} else {
-			l.m.Deliveries[metrics.OutcomeRetry].Inc()
+			l.m.Deliveries[shaper.OutcomeRetry].Inc()
 		}
 		return
 	}
@@ -764,7 +764,7 @@ func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
 	}
 	l.log.Debug("attempt failed", "msg_id", m.Key(), "attempt", m.NumDelivered, "status", v.status, "err", err, "retry_in", v.delay)
 	l.warnFailures(m, v.status, err, v.delay)
-	l.m.Deliveries[metrics.OutcomeRetry].Inc()
+	l.m.Deliveries[shaper.OutcomeRetry].Inc()
 	l.nak(m, v.delay, v.reason)
 }
 
@@ -848,7 +848,7 @@ const notAttempted = -1
 func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status int) bool {
 	if l.dead == nil {
 		l.log.Error("no dead-letter publisher; message handed back", "msg_id", m.Key(), "reason", reason)
-		l.nak(m, backoff(l.conf().Task.Retry.Backoff, m.NumDelivered), metrics.OutcomeError)
+		l.nak(m, backoff(l.conf().Task.Retry.Backoff, m.NumDelivered), shaper.OutcomeError)
 		return false
 	}
 	h := make(map[string][]string, len(m.Header)+7)
@@ -879,7 +879,7 @@ func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status 
 	cancel()
 	if err != nil {
 		l.log.Error("dead-letter publish failed; message handed back", "msg_id", m.Key(), "reason", reason, "err", err)
-		l.nak(m, backoff(l.conf().Task.Retry.Backoff, m.NumDelivered), metrics.OutcomeError)
+		l.nak(m, backoff(l.conf().Task.Retry.Backoff, m.NumDelivered), shaper.OutcomeError)
 		return false
 	}
 	if err := m.Acker.Term(reason); err != nil {

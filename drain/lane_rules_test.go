@@ -8,7 +8,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -87,7 +86,7 @@ func TestLaneMaxAgeAtDeparture(t *testing.T) {
 			if at := d.at.Sub(start); at < 5*time.Second || at > 5500*time.Millisecond {
 				t.Errorf("dead-lettered at %v, want as it passed max_age 5 s (≤ 5.5 s)", at)
 			}
-			if r := d.header[HeaderReason]; len(r) != 1 || r[0] != metrics.ReasonExpired {
+			if r := d.header[HeaderReason]; len(r) != 1 || r[0] != shaper.ReasonExpired {
 				t.Errorf("reason %v, want expired", r)
 			}
 		}
@@ -99,7 +98,7 @@ func TestLaneMaxAgeAtDeparture(t *testing.T) {
 				t.Errorf("a message was delivered %v after its publish, max_age 5 s", age)
 			}
 		}
-		if got := testutil.ToFloat64(h.m.DeadLetters[metrics.ReasonExpired]); got != 20 {
+		if got := testutil.ToFloat64(h.m.DeadLetters[shaper.ReasonExpired]); got != 20 {
 			t.Errorf("dead_letters{expired} = %v, want 20", got)
 		}
 	})
@@ -206,7 +205,7 @@ func TestLaneMaxWaitCountsThePause(t *testing.T) {
 		synctest.Wait()
 		var maxWait int
 		for _, d := range h.dead.snapshot() {
-			if r := d.header[HeaderReason]; len(r) == 1 && r[0] == metrics.ReasonMaxWait {
+			if r := d.header[HeaderReason]; len(r) == 1 && r[0] == shaper.ReasonMaxWait {
 				maxWait++
 			}
 		}

@@ -166,7 +166,7 @@ func TestLaneBacklogAtRate(t *testing.T) {
 		if got := testutil.ToFloat64(h.m.Departures); got != 300 {
 			t.Errorf("departures metric %v", got)
 		}
-		if got := testutil.ToFloat64(h.m.Deliveries[metrics.OutcomeSuccess]); got != 300 {
+		if got := testutil.ToFloat64(h.m.Deliveries[shaper.OutcomeSuccess]); got != 300 {
 			t.Errorf("deliveries{success} metric %v", got)
 		}
 	})
@@ -352,7 +352,7 @@ func TestCase_C17_RetryAfterPausesTheLane(t *testing.T) {
 		if w := maxInWindow(times(cs), time.Second); w > 11 {
 			t.Errorf("%d calls in a 1s window, bound 11", w)
 		}
-		if got := testutil.ToFloat64(h.m.Retries[metrics.RetryRateLimited]); got < 1 {
+		if got := testutil.ToFloat64(h.m.Retries[shaper.RetryRateLimited]); got < 1 {
 			t.Errorf("retries{rate_limited} = %v, want counted separately", got)
 		}
 	})
@@ -399,7 +399,7 @@ func TestLanePermanentFailureDeadLetters(t *testing.T) {
 		if len(sink.snapshot()) != 3 {
 			t.Errorf("a permanent failure was retried")
 		}
-		if got := testutil.ToFloat64(h.m.DeadLetters[metrics.ReasonRejectedBySink]); got != 1 {
+		if got := testutil.ToFloat64(h.m.DeadLetters[shaper.ReasonRejectedBySink]); got != 1 {
 			t.Errorf("dead_letters{rejected_by_sink} = %v", got)
 		}
 	})
@@ -597,7 +597,7 @@ func TestCase_C10_RejectOverflowByMaxWait(t *testing.T) {
 				t.Errorf("reason %q", r)
 			}
 		}
-		total := testutil.ToFloat64(h.m.DeadLetters[metrics.ReasonMaxWait]) + testutil.ToFloat64(h.m.DeadLetters[metrics.ReasonOverflow])
+		total := testutil.ToFloat64(h.m.DeadLetters[shaper.ReasonMaxWait]) + testutil.ToFloat64(h.m.DeadLetters[shaper.ReasonOverflow])
 		if total != 14 {
 			t.Errorf("dead_letters metric %v, want 14", total)
 		}

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/shaper-dev/shaper/config"
-	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -57,16 +56,16 @@ func decide(err error, timedOut bool, delivered uint64, src config.Source, retry
 		v.status = se.Status
 	}
 	if errors.Is(err, shaper.ErrPermanent) {
-		v.kind, v.reason = verdictDeadLetter, metrics.ReasonRejectedBySink
+		v.kind, v.reason = verdictDeadLetter, shaper.ReasonRejectedBySink
 		return v
 	}
 	if src.MaxDeliver > 0 && delivered >= uint64(src.MaxDeliver) {
-		v.kind, v.reason = verdictDeadLetter, metrics.ReasonMaxDeliver
+		v.kind, v.reason = verdictDeadLetter, shaper.ReasonMaxDeliver
 		return v
 	}
-	v.kind, v.delay, v.reason = verdictRetry, backoff(retry.Backoff, delivered), metrics.OutcomeError
+	v.kind, v.delay, v.reason = verdictRetry, backoff(retry.Backoff, delivered), shaper.OutcomeError
 	if timedOut {
-		v.reason = metrics.OutcomeTimeout
+		v.reason = shaper.OutcomeTimeout
 	}
 	if se != nil && se.RetryAfter > 0 && retry.RetryAfter {
 		v.delay = se.RetryAfter
@@ -74,7 +73,7 @@ func decide(err error, timedOut bool, delivered uint64, src config.Source, retry
 			v.delay = retry.MaxDelay
 		}
 		if se.Saturated {
-			v.reason, v.pause = metrics.RetryRateLimited, true
+			v.reason, v.pause = shaper.RetryRateLimited, true
 		}
 	}
 	return v

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/shaper-dev/shaper/config"
-	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -32,32 +31,32 @@ func TestDecide(t *testing.T) {
 	}{
 		{"delivered", nil, false, 1, src, retry, verdict{kind: verdictAck}},
 		{"network error, first delivery", netErr, false, 1, src, retry,
-			verdict{kind: verdictRetry, reason: metrics.OutcomeError, delay: time.Second}},
+			verdict{kind: verdictRetry, reason: shaper.OutcomeError, delay: time.Second}},
 		{"timeout, second delivery", context.DeadlineExceeded, true, 2, src, retry,
-			verdict{kind: verdictRetry, reason: metrics.OutcomeTimeout, delay: 5 * time.Second}},
+			verdict{kind: verdictRetry, reason: shaper.OutcomeTimeout, delay: 5 * time.Second}},
 		{"backoff: the last value repeats", netErr, false, 2, unlimited, retry,
-			verdict{kind: verdictRetry, reason: metrics.OutcomeError, delay: 5 * time.Second}},
+			verdict{kind: verdictRetry, reason: shaper.OutcomeError, delay: 5 * time.Second}},
 		{"backoff beyond the list", netErr, false, 9, unlimited, retry,
-			verdict{kind: verdictRetry, reason: metrics.OutcomeError, delay: 5 * time.Second}},
+			verdict{kind: verdictRetry, reason: shaper.OutcomeError, delay: 5 * time.Second}},
 		{"max_deliver reached", netErr, false, 3, src, retry,
-			verdict{kind: verdictDeadLetter, reason: metrics.ReasonMaxDeliver}},
+			verdict{kind: verdictDeadLetter, reason: shaper.ReasonMaxDeliver}},
 		{"max_deliver -1: never", netErr, false, 1000, unlimited, retry,
-			verdict{kind: verdictRetry, reason: metrics.OutcomeError, delay: 5 * time.Second}},
+			verdict{kind: verdictRetry, reason: shaper.OutcomeError, delay: 5 * time.Second}},
 		{"400: permanent", &shaper.SinkError{Status: 400, Permanent: true}, false, 1, src, retry,
-			verdict{kind: verdictDeadLetter, reason: metrics.ReasonRejectedBySink, status: 400}},
+			verdict{kind: verdictDeadLetter, reason: shaper.ReasonRejectedBySink, status: 400}},
 		{"permanent beats max_deliver", fmt.Errorf("wrapped: %w", &shaper.SinkError{Status: 404, Permanent: true}), false, 3, src, retry,
-			verdict{kind: verdictDeadLetter, reason: metrics.ReasonRejectedBySink, status: 404}},
+			verdict{kind: verdictDeadLetter, reason: shaper.ReasonRejectedBySink, status: 404}},
 		{"503 Retry-After pauses the lane (C16)", s503, false, 1, src, retry,
-			verdict{kind: verdictRetry, reason: metrics.RetryRateLimited, delay: 5 * time.Second, pause: true, status: 503}},
+			verdict{kind: verdictRetry, reason: shaper.RetryRateLimited, delay: 5 * time.Second, pause: true, status: 503}},
 		{"429 Retry-After capped at max_delay", &shaper.SinkError{Status: 429, RetryAfter: time.Hour, Saturated: true}, false, 1, src, retry,
-			verdict{kind: verdictRetry, reason: metrics.RetryRateLimited, delay: time.Minute, pause: true, status: 429}},
+			verdict{kind: verdictRetry, reason: shaper.RetryRateLimited, delay: time.Minute, pause: true, status: 429}},
 		{"500 Retry-After: the message waits, the lane does not", &shaper.SinkError{Status: 500, RetryAfter: 7 * time.Second}, false, 1, src, retry,
-			verdict{kind: verdictRetry, reason: metrics.OutcomeError, delay: 7 * time.Second, status: 500}},
+			verdict{kind: verdictRetry, reason: shaper.OutcomeError, delay: 7 * time.Second, status: 500}},
 		{"retry_after off: backoff, no pause", s503, false, 1, src, noRA,
-			verdict{kind: verdictRetry, reason: metrics.OutcomeError, delay: time.Second, status: 503}},
+			verdict{kind: verdictRetry, reason: shaper.OutcomeError, delay: time.Second, status: 503}},
 		{"429 at max_deliver: dead letter (pushback does not pass the limit)", s503, false, 3, src, retry,
-			verdict{kind: verdictDeadLetter, reason: metrics.ReasonMaxDeliver, status: 503}},
-		{"no backoff configured: 1 s", netErr, false, 1, src, config.Retry{}, verdict{kind: verdictRetry, reason: metrics.OutcomeError, delay: time.Second}},
+			verdict{kind: verdictDeadLetter, reason: shaper.ReasonMaxDeliver, status: 503}},
+		{"no backoff configured: 1 s", netErr, false, 1, src, config.Retry{}, verdict{kind: verdictRetry, reason: shaper.OutcomeError, delay: time.Second}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := decide(tc.err, tc.timedOut, tc.delivered, tc.src, tc.retry); got != tc.want {

@@ -11,38 +11,21 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/shaper-dev/shaper/shaper"
 )
 
-// Label values of the bounded sets (SPEC §6).
+// Label values of the bounded sets (SPEC §6): the domain words live in
+// package shaper; metrics only prints them.
 var (
 	// DeliveryOutcomes label shaper_deliveries_total.
-	DeliveryOutcomes = []string{OutcomeSuccess, OutcomeRetry, OutcomeDeadLetter}
+	DeliveryOutcomes = shaper.DeliveryOutcomes
 	// TaskOutcomes label shaper_task_duration_seconds.
-	TaskOutcomes = []string{OutcomeSuccess, OutcomeError, OutcomeTimeout}
+	TaskOutcomes = shaper.TaskOutcomes
 	// DeadLetterReasons label shaper_dead_letters_total.
-	DeadLetterReasons = []string{ReasonOverflow, ReasonMaxWait, ReasonExpired, ReasonMaxDeliver, ReasonRejectedBySink, ReasonInvalid}
-	// RetryReasons label shaper_retries_total: a failure of the message
-	// ("error", "timeout") or a downstream's pushback ("rate_limited", case C17).
-	RetryReasons = []string{OutcomeError, OutcomeTimeout, RetryRateLimited, RetryDrain}
-)
-
-// Outcome and reason label values.
-const (
-	OutcomeSuccess    = "success"
-	OutcomeRetry      = "retry"
-	OutcomeDeadLetter = "dead_letter"
-	OutcomeError      = "error"
-	OutcomeTimeout    = "timeout"
-
-	ReasonOverflow       = "overflow"
-	ReasonMaxWait        = "max_wait"
-	ReasonExpired        = "expired"
-	ReasonMaxDeliver     = "max_deliver"
-	ReasonRejectedBySink = "rejected_by_sink"
-	ReasonInvalid        = "invalid"
-
-	RetryRateLimited = "rate_limited"
-	RetryDrain       = "drain"
+	DeadLetterReasons = shaper.DeadLetterReasons
+	// RetryReasons label shaper_retries_total.
+	RetryReasons = shaper.RetryReasons
 )
 
 // Metrics holds the metric vectors of all lanes.
