@@ -27,19 +27,118 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// The downstream: an httptest server that records every request.
+// Arrival times: the kernel's receive timestamps.
+//
+// Every downstream of these tests records a request at the kernel's receive
+// timestamp of its first byte (SO_TIMESTAMPNS, the demo's listenTimestamped
+// and newStampedReader), not at the time its handler happened to run: on 2
+// loaded cores a handler runs up to tens of milliseconds after the request
+// arrived (NOTES.md), which turns an even stream into fake bursts at the
+// edges of a window. A stamp is what a remote downstream would see at its
+// network card, so the rate windows are judged at their exact bound.
+
+// stampedConn is an accepted connection read through newStampedReader. It
+// keeps the arrival of the request being served: the stamp of the first
+// read after the previous request on the connection was answered.
+type stampedConn struct {
+	net.Conn // an interface, not *net.TCPConn: nothing reads past Read (WriteTo)
+	r        stampedReader
+
+	mu    sync.Mutex
+	armed bool      // the next read starts a request
+	at    time.Time // arrival of the current request
+}
+
+func (c *stampedConn) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 {
+		c.mu.Lock()
+		if c.armed {
+			c.at, c.armed = c.r.Last(), false
+		}
+		c.mu.Unlock()
+	}
+	return n, err
+}
+
+// arrival returns the arrival of the current request.
+func (c *stampedConn) arrival() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.at
+}
+
+// rearm makes the next read the start of the next request. It runs before
+// the response is flushed, and HTTP/1.1 clients send the next request on a
+// connection only after the response: the next read with data is that
+// request's first byte (also when net/http's background read gets it).
+func (c *stampedConn) rearm() {
+	c.mu.Lock()
+	c.armed = true
+	c.mu.Unlock()
+}
+
+type stampedListener struct{ net.Listener }
+
+func (l stampedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	r, err := newStampedReader(c.(*net.TCPConn))
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return &stampedConn{Conn: c, r: r, armed: true}, nil
+}
+
+type stampedConnKey struct{}
+
+// newStampedServer starts an HTTP test server on a timestamping listener;
+// h gets each request with its arrival (the kernel receive timestamp of its
+// first byte) and its body read in full. A cleanup closes the server.
+func newStampedServer(t *testing.T, h func(w http.ResponseWriter, r *http.Request, at time.Time)) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := r.Context().Value(stampedConnKey{}).(*stampedConn)
+		at := c.arrival()
+		// The whole body now: its end starts net/http's background read,
+		// which notices a client that goes away (r.Context() is done), and
+		// nothing of this request is read after rearm.
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		defer c.rearm()
+		h(w, r, at)
+	}))
+	ln, err := listenTimestamped("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = srv.Listener.Close()
+	srv.Listener = stampedListener{ln}
+	srv.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		return context.WithValue(ctx, stampedConnKey{}, c)
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// ---------------------------------------------------------------------------
+// The downstream: a stamped HTTP server that records every request.
 
 // arrival is one request seen by the downstream.
 type arrival struct {
-	at      time.Time
-	key     string // Idempotency-Key
-	attempt int    // this key's attempt number as counted by the downstream (1 = first)
-	ok      bool   // answered 204 (false: hung until the client gave up)
+	at      time.Time // kernel receive timestamp of the request's first byte
+	key     string    // Idempotency-Key
+	attempt int       // this key's attempt number as counted by the downstream (1 = first)
+	ok      bool      // answered 204 (false: hung until the client gave up)
 }
 
-// downstream records arrivals (time, Idempotency-Key, attempt) and answers
-// 204, except for the requests hang selects: those block until the client
-// goes away (the task timeout closes the connection).
+// downstream records arrivals (kernel receive time, Idempotency-Key,
+// attempt) and answers 204, except for the requests hang selects: those
+// block until the client goes away (the task timeout closes the connection).
 type downstream struct {
 	srv  *httptest.Server
 	hang func(key string, attempt int) bool
@@ -53,16 +152,13 @@ type downstream struct {
 func newDownstream(t *testing.T, hang func(key string, attempt int) bool) *downstream {
 	t.Helper()
 	d := &downstream{hang: hang, attempts: map[string]int{}, ok: map[string]int{}}
-	d.srv = httptest.NewServer(http.HandlerFunc(d.serveHTTP))
-	t.Cleanup(d.srv.Close)
+	d.srv = newStampedServer(t, d.serveHTTP)
 	return d
 }
 
 func (d *downstream) url() string { return d.srv.URL + "/callback" }
 
-func (d *downstream) serveHTTP(w http.ResponseWriter, r *http.Request) {
-	at := time.Now()
-	_, _ = io.Copy(io.Discard, r.Body)
+func (d *downstream) serveHTTP(w http.ResponseWriter, r *http.Request, at time.Time) {
 	key := r.Header.Get("Idempotency-Key")
 	d.mu.Lock()
 	d.attempts[key]++
@@ -192,8 +288,10 @@ func assertRate(t *testing.T, what string, ts []time.Time, w time.Duration, maxN
 	t.Helper()
 	n, at := maxInWindow(ts, w)
 	if n > maxN {
-		t.Errorf("%s: %d arrivals in the %s window starting %s after the first arrival; want at most %d",
-			what, n, w, at.Sub(ts[0]).Round(time.Microsecond), maxN)
+		i, _ := slices.BinarySearchFunc(ts, at, func(x, y time.Time) int { return x.Compare(y) })
+		win := ts[i : i+n]
+		t.Errorf("%s: %d arrivals in the %s window starting %s after the first arrival; want at most %d (first to last in it %s; gaps %s)",
+			what, n, w, at.Sub(ts[0]).Round(time.Microsecond), maxN, win[n-1].Sub(win[0]), gapSummary(win))
 	}
 }
 
@@ -616,26 +714,10 @@ func (c *child) wait(timeout time.Duration) (int, bool) {
 	}
 }
 
-// newStampedDownstream is a downstream that records each request at the
-// kernel's receive timestamp of its first byte (the demo's rigidServer with
-// no rule: it answers 204 to everything), not at the handler's scheduling:
-// what a remote downstream would see at its network card. It returns the
-// recorder and the URL to configure.
+// newStampedDownstream is a downstream that answers 204 to everything, and
+// the URL to configure.
 func newStampedDownstream(t *testing.T) (*downstream, string) {
 	t.Helper()
-	d := &downstream{attempts: map[string]int{}, ok: map[string]int{}}
-	ln, err := listenTimestamped("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &rigidServer{report: func(at time.Time, _ bool, key string, _ int64) {
-		d.mu.Lock()
-		d.attempts[key]++
-		d.arrivals = append(d.arrivals, arrival{at: at, key: key, attempt: d.attempts[key], ok: true})
-		d.ok[key]++
-		d.mu.Unlock()
-	}}
-	go srv.serve(ln)
-	t.Cleanup(func() { ln.Close() })
-	return d, "http://" + ln.Addr().String() + "/callback"
+	d := newDownstream(t, nil)
+	return d, d.url()
 }

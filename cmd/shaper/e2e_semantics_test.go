@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,7 +20,8 @@ import (
 // server), real HTTP. Timing bounds carry margins for a noisy 2-core machine.
 
 // scripted is a downstream whose answer per request is chosen by answer
-// (status, Retry-After header value or "").
+// (status, Retry-After header value or ""). It records each request at the
+// kernel's receive timestamp of its first byte (newStampedServer).
 type scripted struct {
 	srv    *httptest.Server
 	answer func(key string, attempt int, since time.Duration) (int, string)
@@ -30,7 +34,7 @@ type scripted struct {
 }
 
 type scriptedCall struct {
-	at     time.Time
+	at     time.Time // kernel receive timestamp of the request's first byte
 	key    string
 	status int
 }
@@ -38,8 +42,7 @@ type scriptedCall struct {
 func newScripted(t *testing.T, answer func(key string, attempt int, since time.Duration) (int, string)) *scripted {
 	t.Helper()
 	s := &scripted{answer: answer, start: time.Now(), attempts: map[string]int{}}
-	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		at := time.Now()
+	s.srv = newStampedServer(t, func(w http.ResponseWriter, r *http.Request, at time.Time) {
 		key := r.Header.Get("Idempotency-Key")
 		s.mu.Lock()
 		s.attempts[key]++
@@ -57,15 +60,17 @@ func newScripted(t *testing.T, answer func(key string, attempt int, since time.D
 			w.Header().Set("Retry-After", retryAfter)
 		}
 		w.WriteHeader(status)
-	}))
-	t.Cleanup(s.srv.Close)
+	})
 	return s
 }
 
+// snapshot returns the calls so far in arrival order.
 func (s *scripted) snapshot() []scriptedCall {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]scriptedCall(nil), s.calls...)
+	c := slices.Clone(s.calls)
+	slices.SortStableFunc(c, func(x, y scriptedCall) int { return x.at.Compare(y.at) })
+	return c
 }
 
 func (s *scripted) delivered() map[string]int {
@@ -155,15 +160,33 @@ func TestE2EColdStartWarmup(t *testing.T) {
 		}
 		return 25*4 + 75*2 + 100*(x-4)
 	}
-	inFirst := 0
+	inFirst, excess := 0, math.Inf(-1)
 	for i, c := range calls {
 		x := c.at.Sub(first).Seconds()
 		if x < 1 {
 			inFirst++
 		}
-		// +2: one for SPEC's "+1", one for the HTTP path's jitter.
+		if i > 0 {
+			excess = max(excess, float64(i+1)-integral(x))
+		}
+		// +2: one for SPEC's "+1", and one because x counts from the first
+		// arrival, not from the ramp's start, against a continuous
+		// integral. This allowance predates the kernel timestamps and is
+		// not tightened here: at kernel receive timestamps the lead over
+		// the integral was seen to grow from 1.0 at call 2 to 1.9 by 3 s,
+		// and to pass 2 in about 1 run in 15 (on the pacer before
+		// min_spacing too).
 		if float64(i+1) > integral(x)+2 {
-			t.Fatalf("call %d at %.3fs exceeds the ramp integral %.1f (+2)", i+1, x, integral(x))
+			var around []string
+			for j := range min(len(calls), i+4) {
+				if j >= 8 && j < i-12 {
+					continue
+				}
+				around = append(around, fmt.Sprintf("%d@%.4fs(%.1f)", j+1, calls[j].at.Sub(first).Seconds(),
+					integral(calls[j].at.Sub(first).Seconds())))
+			}
+			t.Fatalf("call %d at %.3fs exceeds the ramp integral %.1f (+2); calls around (n@x(integral)): %s",
+				i+1, x, integral(x), strings.Join(around, " "))
 		}
 	}
 	if inFirst > 35 {
@@ -171,11 +194,18 @@ func TestE2EColdStartWarmup(t *testing.T) {
 	}
 	// Warm after the period: the last 200 arrive at ~100/s.
 	tail := calls[len(calls)-200:]
-	// The ceiling is strict; the floor leaves room for a loaded CI machine
-	// (late wake-ups lose rate, they never add any).
-	if rate := 199 / tail[len(tail)-1].at.Sub(tail[0].at).Seconds(); rate < 90 || rate > 101 {
+	// At kernel receive timestamps: G1's long-run rate, with the lateness of
+	// a loaded machine made up (SPEC G1), over a 2 s tail.
+	rate := 199 / tail[len(tail)-1].at.Sub(tail[0].at).Seconds()
+	if rate < 97 || rate > 101 {
 		t.Errorf("rate once warm %.1f/s, want ~100/s", rate)
 	}
+	var tailTimes []time.Time
+	for _, c := range tail {
+		tailTimes = append(tailTimes, c.at)
+	}
+	t.Logf("%d calls in the first second; after the first call at most %.2f above the ramp integral (allowed 2); rate once warm %.2f/s (gaps %s)",
+		inFirst, excess, rate, gapSummary(tailTimes))
 }
 
 // TestE2ERejectOverflow: issue 3 / case C10 on real NATS — overflow reject
@@ -275,11 +305,12 @@ func TestE2ERetryAfterPausesLane(t *testing.T) {
 	for _, c := range calls {
 		ts = append(ts, c.at)
 	}
-	assertRate(t, "1s windows", ts, time.Second, 51+1) // +1: HTTP jitter at the window edge
+	assertRate(t, "1s windows", ts, time.Second, 51) // G1 and G2: the pause earns no credit
+	worst, _ := maxInWindow(ts, time.Second)
 	if v := metricValue(t, scrape(t, d.adminAddr()), "shaper_retries_total", map[string]string{"lane": "sem", "reason": "rate_limited"}); v != 1 {
 		t.Errorf("retries{rate_limited} = %v, want 1", v)
 	}
-	t.Logf("429 at %v; next request %v later", pausedAt, next.Sub(t429))
+	t.Logf("429 at %v; next request %v later; worst 1s window %d (bound 51)", pausedAt, next.Sub(t429), worst)
 }
 
 // TestE2EBadRequestDeadLetters: issue 3 — a 400 is not retried: the message

@@ -88,11 +88,10 @@ downstreams:
 		ts = append(ts, r.at)
 	}
 	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
-	// G1 at departure is 151 per 1 s; the downstream sees the task and write
-	// jitter of three processes and the handler's own scheduling under -race
-	// on top (docs/scaling.md: +1 at the sink; +1 more for the handler
-	// timestamps, as in the chaos ledger).
-	assertRate(t, "1s windows across 3 replicas", ts, time.Second, 153)
+	// G1 holds for what reaches the downstream: at most floor(150) + 1 in
+	// any 1 s window, judged at the kernel's receive timestamps
+	// (newStampedServer), not at the test's handler times.
+	assertRate(t, "1s windows across 3 replicas", ts, time.Second, 151)
 	span := ts[len(ts)-1].Sub(ts[0]).Seconds()
 	rate := float64(len(ts)-1) / span
 	// The long-run rate must be the shared 150/s, not 3 × 150. The floor is

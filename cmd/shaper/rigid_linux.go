@@ -31,7 +31,20 @@ func listenTimestamped(addr string) (net.Listener, error) {
 }
 
 // tsReader reads from a TCP connection with recvmsg, keeping the kernel
-// receive timestamp of the last read.
+// receive timestamp of the first byte each read returns.
+//
+// Before each read it peeks at one byte (MSG_PEEK): TCP reports the stamp
+// of the last segment a recvmsg consumed, so a read that drains several
+// queued segments would report the newest of them, not the one its data
+// starts with. The peek touches only the segment at the head of the queue,
+// so a read that starts a request is stamped with the arrival of the
+// segment carrying its request line, however late the reader got to it.
+// Segments the kernel has merged in the queue keep the newest stamp (two
+// writes 30 ms apart, read as one, were stamped at the second), so the
+// stamp is exact for a request that arrives in one write into an empty
+// queue: what an HTTP/1.1 client sends (Go's transport writes a request
+// with an in-memory body in one Write, and the next one only after the
+// response).
 type tsReader struct {
 	raw interface {
 		Read(func(fd uintptr) bool) error
@@ -41,10 +54,33 @@ type tsReader struct {
 }
 
 func (r *tsReader) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
 	var n, oobn int
 	var rerr error
+	var one [1]byte
 	err := r.raw.Read(func(fd uintptr) bool {
-		n, oobn, _, _, rerr = unix.Recvmsg(int(fd), p, r.oob, 0)
+		for {
+			_, oobn, _, _, rerr = unix.Recvmsg(int(fd), one[:], r.oob, unix.MSG_PEEK)
+			if rerr != unix.EINTR {
+				break
+			}
+		}
+		if rerr == unix.EAGAIN {
+			return false // nothing queued: wait for the poller
+		}
+		if rerr != nil {
+			return true
+		}
+		// Something is queued (or the peer closed: the read returns 0), so
+		// this read does not block.
+		for {
+			n, rerr = unix.Read(int(fd), p)
+			if rerr != unix.EINTR {
+				break
+			}
+		}
 		return rerr != unix.EAGAIN
 	})
 	if err != nil {
@@ -53,7 +89,7 @@ func (r *tsReader) Read(p []byte) (int, error) {
 	if rerr != nil {
 		return 0, rerr
 	}
-	if n == 0 {
+	if n <= 0 {
 		return 0, io.EOF
 	}
 	r.last = time.Now()
@@ -69,7 +105,7 @@ func (r *tsReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// Last returns the kernel receive time of the last read.
+// Last returns the kernel receive time of the first byte of the last read.
 func (r *tsReader) Last() time.Time { return r.last }
 
 func newStampedReader(c *net.TCPConn) (stampedReader, error) {

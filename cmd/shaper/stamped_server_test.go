@@ -1,0 +1,138 @@
+package main
+
+// Tests of the measurement itself: the downstreams of the end-to-end and
+// chaos tests judge rate windows at the kernel's receive timestamps
+// (newStampedServer, newStampedReader), so those must be the arrival of
+// each request's first byte, whenever the reader got to it.
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestStampedReaderLateRead: data read 100 ms after it arrived on a fresh
+// connection is stamped with its arrival, not with the read.
+func TestStampedReaderLateRead(t *testing.T) {
+	ln, err := listenTimestamped("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r, err := newStampedReader(c.(*net.TCPConn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+	if _, err := client.Write([]byte("POST /callback HTTP/1.1\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	buf := make([]byte, 512)
+	n, err := r.Read(buf)
+	read := time.Now()
+	if err != nil || n == 0 {
+		t.Fatalf("read %d bytes, err %v", n, err)
+	}
+	at := r.Last()
+	t.Logf("sent %s before the stamp, read %s after it", at.Sub(sent), read.Sub(at))
+	if at.Before(sent) || at.Sub(sent) > 20*time.Millisecond {
+		t.Errorf("stamp %s after the write; want the arrival, within 20ms of it", at.Sub(sent))
+	}
+	if read.Sub(at) < 90*time.Millisecond {
+		t.Errorf("stamp only %s before the read, which came 100ms after the arrival: not a receive timestamp", read.Sub(at))
+	}
+}
+
+// TestStampedServerKeepAlive: requests on one keep-alive connection are each
+// stamped at their own arrival (the connection is re-armed after each
+// answer), between the client's send and the handler's start; a request the
+// handler holds until the client gives up ends when the client goes away.
+func TestStampedServerKeepAlive(t *testing.T) {
+	type seen struct{ at, handled time.Time }
+	var mu sync.Mutex
+	var got []seen
+	srv := newStampedServer(t, func(w http.ResponseWriter, r *http.Request, at time.Time) {
+		mu.Lock()
+		got = append(got, seen{at: at, handled: time.Now()})
+		mu.Unlock()
+		if r.Header.Get("X-Hang") != "" {
+			<-r.Context().Done()
+			return
+		}
+		if b, _ := io.ReadAll(r.Body); string(b) != "body" {
+			t.Errorf("handler read body %q", b)
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	const n = 5
+	var sent []time.Time
+	for i := range n {
+		reused := false
+		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+			GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused },
+		})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("body"))
+		sent = append(sent, time.Now())
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if i > 0 && !reused {
+			t.Errorf("request %d on a new connection; the test wants keep-alive", i)
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
+	mu.Lock()
+	for i, s := range got {
+		if s.at.Before(sent[i]) || s.at.After(s.handled) {
+			t.Errorf("request %d stamped %s after its send, handler began %s after the stamp; want send ≤ stamp ≤ handler",
+				i, s.at.Sub(sent[i]), s.handled.Sub(s.at))
+		}
+		if i > 0 && s.at.Sub(got[i-1].at) < 30*time.Millisecond {
+			t.Errorf("request %d stamped %s after request %d, sent ≥ 30ms apart: the stamp is not its own",
+				i, s.at.Sub(got[i-1].at), i-1)
+		}
+	}
+	mu.Unlock()
+
+	// A hanging answer ends when the client goes away.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("body"))
+	req.Header.Set("X-Hang", "1")
+	start := time.Now()
+	if _, err := client.Do(req); err == nil {
+		t.Fatal("the hanging request got an answer")
+	}
+	tr.CloseIdleConnections()
+	done := make(chan struct{})
+	go func() { srv.Close(); close(done) }() // waits for the handler
+	select {
+	case <-done:
+		t.Logf("the hanging handler ended %s after the request", time.Since(start).Round(time.Millisecond))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the hanging handler did not end within 5s of the client giving up")
+	}
+}
