@@ -106,12 +106,21 @@ const SpacingMaxRate = 1000
 // above SpacingMaxRate.
 const BatchWindow = time.Millisecond
 
+// jitterMargin is the share of an interval the lag may reach with the spacing
+// floor. Any lag under one interval keeps every window of a whole number of
+// intervals at W × limit + 1 at departure; the last tenth is left for the
+// jitter between departure and downstream, so that the windows hold where
+// the downstream counts them too (at 200/s a lag of up to 1 ns under the
+// interval let a 1 s window at the downstream hold 202: 202 departures span
+// just over 1 s, and 0.4 ms of jitter brought them under it).
+const jitterMargin = 0.9
+
 // MakeUpLag is how far, at most, the schedule of a lane at interval iv may
 // lag behind the departures (the lateness that is still made up), for the
-// given slack and min_spacing. With the spacing floor (slack 0) it is just
-// under one interval: a lag below one
-// interval keeps every window of a whole number of intervals at
-// W × limit + 1, and the floor bounds the others. Without the floor it is
+// given slack and min_spacing. With the spacing floor (slack 0) it is 0.9
+// interval: a lag below one interval keeps every window of a whole number
+// of intervals at W × limit + 1, the floor bounds the others, and the last
+// tenth is the budget for jitter on the way to the downstream. Without the floor it is
 // what keeps every other window W ≥ W₀ (W₀ = 1/limit, or BatchWindow above
 // SpacingMaxRate) at floor(W × limit / s) + 1 + slack: with k = floor(W₀ ×
 // limit), a lag of (1 − s)(k + 1) intervals. (A window of w = j + δ
@@ -125,7 +134,7 @@ func MakeUpLag(iv time.Duration, slack int, minSpacing float64) time.Duration {
 		return 0
 	}
 	if slack == 0 {
-		return under
+		return time.Duration(jitterMargin * float64(iv))
 	}
 	k := 1.0
 	if iv < BatchWindow {
@@ -374,11 +383,19 @@ func (p *Pacer) Wire(departed, wired time.Time) bool {
 	usual := p.wireDelay
 	p.wireDelay = usual + (min(d, 2*usual+time.Microsecond)-usual)/8
 	anchor := wired.Add(-min(usual, d))
-	if anchor.After(p.last) {
-		p.last = anchor
-		return true
+	if !anchor.After(p.last) {
+		return false
 	}
-	return false
+	p.last = anchor
+	// The lag made up after this request counts from when it really left:
+	// a request that reached the wire late is a late departure, and the
+	// make-up may not add to its lateness (else a window at the downstream
+	// that starts on it holds one more).
+	iv := p.interval(wired)
+	if least := anchor.Add(iv - MakeUpLag(iv, p.slack, p.minSpacing)); p.tat.Before(least) {
+		p.tat = least
+	}
+	return true
 }
 
 // Rebase makes the schedule continue one interval (at the rate in force at

@@ -460,3 +460,68 @@ func TestPacerPauseAndStallEarnAtMostSlack(t *testing.T) {
 		}
 	}
 }
+
+// TestPacerWindowsHoldAtTheWire: SPEC G1's bounds hold for what reaches the
+// downstream. A lane whose sink reports the wire (shaper.WithWire) departs
+// at 200/s and 1,000/s under a backlog with the waiter's measured lateness;
+// the process stalls now and then for about an interval, and each request
+// reaches the wire after 150 ± 50 µs, sometimes 300 µs later or 100 µs
+// sooner, and now and then gets stuck for 3 ms. At the wire every 1 s window
+// holds at most limit + 1 (at 200/s a make-up lag of up to one interval let
+// 202 through once 0.4 ms of jitter compressed 202 departures that spanned
+// just over 1 s: found by the chaos ledgers at kernel timestamps), and at
+// 200/s the rate holds within 0.5 %.
+func TestPacerWindowsHoldAtTheWire(t *testing.T) {
+	for _, limit := range []float64{200, 1000} {
+		for seed := uint64(1); seed <= 5; seed++ {
+			rng := rand.New(rand.NewPCG(seed, uint64(limit)))
+			p := NewPacer(PacerConfig{Limit: Limit(limit)}, t0)
+			now, ready := t0, t0
+			var wires []time.Time
+			n := int(limit * 20)
+			for range n {
+				at := p.Next(now)
+				dep := at
+				if at.After(now) {
+					dep = at.Add(drawLateness(rng))
+				}
+				if rng.IntN(200) == 0 { // a stall of the process: 0.6–1.6 intervals
+					dep = dep.Add(time.Duration((0.6 + rng.Float64()) * float64(Limit(limit).Interval())))
+				}
+				p.Depart(ready, dep)
+				// Departure → wire: usually 150 ± 50 µs, 8 % of requests 300 µs
+				// slower, 2 % 100 µs faster, 0.2 % stuck for 3 ms.
+				d := 100*time.Microsecond + time.Duration(rng.Int64N(int64(100*time.Microsecond)))
+				switch r := rng.IntN(1000); {
+				case r < 2:
+					d = 3 * time.Millisecond
+				case r < 22:
+					d = 50 * time.Microsecond
+				case r < 102:
+					d += 300 * time.Microsecond
+				}
+				w := dep.Add(d)
+				p.Wire(dep, w)
+				wires = append(wires, w)
+				// The next message and slot are ready at once (backlog); the
+				// lane then waits for this request's wire before it reads
+				// the pacer again (drain.WireReporter).
+				ready, now = dep, w
+			}
+			sort.Slice(wires, func(i, j int) bool { return wires[i].Before(wires[j]) })
+			if got, want := maxInWindow(wires, time.Second), int(limit)+1; got > want {
+				t.Errorf("limit %v/s seed %d: %d requests in a 1 s window at the wire, bound %d", limit, seed, got, want)
+			}
+			// The rate, at 200/s: at 1,000/s this wire model's stuck requests
+			// (the lane waits for each one's write) and its +300 µs requests
+			// cost 1–1.5 % whatever the pacer does; what a real HTTP sink
+			// achieves there is measured end to end in package sinks.
+			rate := float64(n-1) / wires[n-1].Sub(wires[0]).Seconds()
+			if limit == 1000 {
+				t.Logf("limit %v/s seed %d: %.2f/s at the wire", limit, seed, rate)
+			} else if math.Abs(rate-limit)/limit > 0.005 {
+				t.Errorf("limit %v/s seed %d: %.2f/s at the wire, want within 0.5 %%", limit, seed, rate)
+			}
+		}
+	}
+}
