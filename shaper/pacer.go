@@ -136,20 +136,40 @@ func MakeUpLag(iv time.Duration, slack int, minSpacing float64) time.Duration {
 	if slack == 0 {
 		return time.Duration(jitterMargin * float64(iv))
 	}
+	return min(makeUpFree(iv, minSpacing), under)
+}
+
+// makeUpFree is the lag that windows allow to be made up with no spacing
+// floor: (1 − s)(k + 1) intervals, k = floor(W₀ × limit) (see MakeUpLag).
+func makeUpFree(iv time.Duration, minSpacing float64) time.Duration {
 	k := 1.0
 	if iv < BatchWindow {
 		k = math.Floor(float64(BatchWindow) / float64(iv))
 	}
-	return min(time.Duration((1-minSpacing)*(k+1)*float64(iv)), under)
+	return time.Duration((1 - minSpacing) * (k + 1) * float64(iv))
 }
 
 // SlotTolerance is how late after its slot of a schedule shared by
 // replicas (SPEC §3 Global rate) a departure may still leave: the slack's
-// credit plus the make-up of (1 − min_spacing) intervals. A slot used later
-// than that is dropped, never given back: the departures of all replicas
-// then keep SPEC G1's windows and spacing as one lane's would.
+// credit plus SlotMakeUp. A slot used later than that is dropped, never
+// given back: the departures of all replicas then keep SPEC G1's windows and
+// spacing as one lane's would.
 func SlotTolerance(iv time.Duration, slack int, minSpacing float64) time.Duration {
-	return time.Duration((float64(slack) + 1 - clampSpacing(minSpacing)) * float64(iv))
+	return time.Duration(slack)*iv + SlotMakeUp(iv, minSpacing)
+}
+
+// SlotMakeUp is the lateness a shared schedule makes up, for a late request
+// (the schedule places its slot that far behind the store's clock) and for a
+// departure late after its slot. Up to SpacingMaxRate it is (1 − min_spacing)
+// intervals: one replica cannot see the next replica's departure, so the
+// spacing floor must hold slot to slot. Above it, where G1 speaks of windows
+// of 1 ms or more only, it is the floor-free make-up of MakeUpLag.
+func SlotMakeUp(iv time.Duration, minSpacing float64) time.Duration {
+	minSpacing = clampSpacing(minSpacing)
+	if iv >= time.Second/SpacingMaxRate {
+		return time.Duration((1 - minSpacing) * float64(iv))
+	}
+	return min(makeUpFree(iv, minSpacing), iv-1)
 }
 
 func clampSpacing(s float64) float64 {

@@ -525,3 +525,29 @@ func TestPacerWindowsHoldAtTheWire(t *testing.T) {
 		}
 	}
 }
+
+// TestSlotMakeUp: the make-up of a shared schedule keeps the spacing floor
+// slot to slot up to 1,000/s ((1 − s) intervals: 0.5 ms at 100/s) and the
+// window-based lag above (55 µs at 10,000/s, 75 µs at 2,000/s); the
+// tolerance adds the slack's credit.
+func TestSlotMakeUp(t *testing.T) {
+	for _, tc := range []struct {
+		limit float64
+		slack int
+		want  time.Duration
+	}{
+		{100, 0, 500 * time.Microsecond},
+		{1000, 0, 50 * time.Microsecond},
+		{2000, 0, 75 * time.Microsecond},
+		{10000, 0, 55 * time.Microsecond},
+		{100, 2, 20500 * time.Microsecond},
+	} {
+		iv := Limit(tc.limit).Interval()
+		if got := SlotTolerance(iv, tc.slack, DefaultMinSpacing); (got - tc.want).Abs() > time.Microsecond {
+			t.Errorf("%v/s slack %d: tolerance %v, want %v", tc.limit, tc.slack, got, tc.want)
+		}
+	}
+	if got := SlotMakeUp(time.Millisecond, 1); got != 0 {
+		t.Errorf("min_spacing 1: make-up %v, want 0", got)
+	}
+}

@@ -362,9 +362,9 @@ func (s *LaneSlots) reserve(ctx context.Context, r drain.SlotRequest) (lease, er
 		strconv.FormatFloat(ivUS, 'f', 3, 64),
 		strconv.Itoa(k),
 		strconv.Itoa(max(0, r.Slack)),
-		// The make-up of a late request: (1 − min_spacing) intervals, and
-		// not on top of the slack (an idle schedule grants 1 + slack).
-		strconv.FormatFloat(float64(shaper.MakeUpLag(interval, 1, r.MinSpacing))/float64(time.Microsecond), 'f', 3, 64))
+		// The make-up of a late request (shaper.SlotMakeUp), not on top of
+		// the slack: an idle schedule grants 1 + slack.
+		strconv.FormatFloat(float64(shaper.SlotMakeUp(interval, r.MinSpacing))/float64(time.Microsecond), 'f', 3, 64))
 	if err != nil {
 		return lease{}, err
 	}
