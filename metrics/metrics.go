@@ -6,8 +6,8 @@
 package metrics
 
 import (
+	"strconv"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -65,7 +65,7 @@ func LatenessBuckets(limit float64) []float64 {
 	var b []float64
 	for _, f := range []float64{0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09, 0.1,
 		0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10} {
-		b = append(b, f*iv)
+		b = append(b, roundSig(f*iv))
 	}
 	return appendAbove(b, 1, 10)
 }
@@ -79,7 +79,7 @@ func GapBuckets(limit float64) []float64 {
 	for _, f := range []float64{0.01, 0.1, 0.25, 0.5, 0.75, 0.85,
 		0.9, 0.91, 0.92, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99, 1, 1.01, 1.02, 1.03, 1.04, 1.05, 1.1,
 		1.25, 1.5, 2, 5, 10} {
-		b = append(b, f*iv)
+		b = append(b, roundSig(f*iv))
 	}
 	return appendAbove(b, 60, 600)
 }
@@ -88,7 +88,17 @@ func intervalSeconds(limit float64) float64 {
 	if !(limit > 0) {
 		limit = 1
 	}
-	return time.Duration(float64(time.Second) / limit).Seconds()
+	return 1 / limit
+}
+
+// roundSig rounds v to 9 significant digits, so that bucket bounds print as
+// le="0.009" rather than le="0.009000000000000001".
+func roundSig(v float64) float64 {
+	r, err := strconv.ParseFloat(strconv.FormatFloat(v, 'g', 9, 64), 64)
+	if err != nil {
+		return v
+	}
+	return r
 }
 
 // appendAbove appends the given bounds that are above the last one.

@@ -232,6 +232,13 @@ func (p *Pacer) SetConfig(cfg PacerConfig, now time.Time) {
 			if least := p.last.Add(newIv - MakeUpLag(newIv, p.slack, p.minSpacing)); p.tat.Before(least) {
 				p.tat = least
 			}
+			// A backlog that waited on the old rate's schedule is not late
+			// on the new one: the change must not turn that wait into lag
+			// to make up (a reload from 1/h back to 100/s made up most of
+			// an interval with 0.95-interval gaps).
+			if p.busy && p.tat.Before(now) {
+				p.tat = now
+			}
 		}
 		// A larger slack is credit to be earned by idle time, not given
 		// now: the next departure stays where it was.

@@ -551,3 +551,32 @@ func TestSlotMakeUp(t *testing.T) {
 		t.Errorf("min_spacing 1: make-up %v, want 0", got)
 	}
 }
+
+// TestPacerReloadFromSlowRateEarnsNoMakeUp: a backlog held 2.5 s at 1/h by
+// a reload, then reloaded back to 100/s, resumes with gaps of exactly one
+// interval: the wait on the slow schedule is not lateness to make up.
+func TestPacerReloadFromSlowRateEarnsNoMakeUp(t *testing.T) {
+	p := NewPacer(PacerConfig{Limit: 100}, t0)
+	now := t0
+	p.SetBusy(now, true)
+	for range 100 {
+		at := p.Next(now)
+		p.Depart(now, at)
+		now = at
+	}
+	ready := now
+	p.SetConfig(PacerConfig{Limit: Limit(1.0 / 3600)}, now)
+	now = now.Add(2500 * time.Millisecond)
+	p.SetConfig(PacerConfig{Limit: 100}, now)
+	prev := time.Time{}
+	for i := range 50 {
+		at := p.Next(now)
+		p.Depart(ready, at)
+		if !prev.IsZero() {
+			if g := at.Sub(prev); g < 10*time.Millisecond-time.Microsecond {
+				t.Fatalf("gap %d after the reload back = %v, want 10ms (no make-up)", i, g)
+			}
+		}
+		prev, now, ready = at, at, at
+	}
+}
