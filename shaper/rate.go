@@ -48,6 +48,9 @@ func ParseLimit(s string) (Limit, error) {
 		}
 	}
 	n, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+	if errors.Is(err, strconv.ErrRange) {
+		return 0, fmt.Errorf("%w %q: must be positive and finite", ErrBadLimit, s)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("%w %q: want N/s, N/m, N/h or a number per second", ErrBadLimit, s)
 	}
