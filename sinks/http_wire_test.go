@@ -58,8 +58,10 @@ import (
 //     longer than 100 ms holds 102 departures (with a make-up lag of up to
 //     1 ns under an interval, one of 100 ms + 10 µs did), and the spread of
 //     the delay brings them within 100 ms at the downstream: 102/101 in 2
-//     of 3 runs. Since the pacer keeps the last tenth of an interval for
-//     that jitter, in 4 of 12 runs (3 of them with -race).
+//     of 3 runs; with the last tenth of an interval kept for that jitter,
+//     in 4 of 12 runs (3 of them with -race). Since the pacer keeps 400 µs
+//     (shaper's jitterBudget) the windows and the rate at 1,000/s held in
+//     every run (−0.07 %, −0.19 %, −0.21 % with -race) and are asserted.
 //   - Rate at 1,000/s: −0.04 to −1.1 % (−0.2 to −2.3 % with -race), lost
 //     already at the departures. Wire reports later than the usual delay
 //     push the floor: with the wire hold hidden from the lane (a test-only
@@ -85,7 +87,7 @@ func TestHTTPWireRate(t *testing.T) {
 	for _, tc := range []struct {
 		limit    int
 		reliable bool // rate and windows asserted without SHAPER_TEST_HTTP_WIRE_HI
-	}{{100, true}, {1000, false}} {
+	}{{100, true}, {1000, true}} {
 		t.Run(fmt.Sprintf("%d/s", tc.limit), func(t *testing.T) {
 			r := runHTTPWire(t, tc.limit, 8, 10)
 			check := func(always bool, msg string) {
