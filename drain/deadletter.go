@@ -1,0 +1,87 @@
+package drain
+
+import (
+	"context"
+	"strconv"
+
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// Dead-letter header names (SPEC §3, Dead letter).
+const (
+	HeaderReason     = "Shaper-Reason"
+	HeaderDownstream = "Shaper-Downstream"
+	HeaderAttempts   = "Shaper-Attempts"
+	HeaderLastError  = "Shaper-Last-Error"
+	HeaderLastStatus = "Shaper-Last-Status"
+	HeaderStream     = "Shaper-Stream"
+	HeaderStreamSeq  = "Shaper-Stream-Seq"
+	// HeaderKey carries the message's idempotency key (SPEC G8) on a dead
+	// letter, whose own Nats-Msg-Id is "<lane>/<key>": the dead-letter
+	// stream de-duplicates by Nats-Msg-Id, and two lanes may dead-letter
+	// messages with the same key.
+	HeaderKey = "Shaper-Key"
+)
+
+// notAttempted is the status passed to deadLetter for a message dead-lettered
+// before this delivery reached the sink (overflow, max_wait, expired,
+// invalid): its Shaper-Attempts counts only the earlier deliveries' attempts
+// and it has no Shaper-Last-Status.
+const notAttempted = -1
+
+// deadLetter publishes m with its reason to the dead-letter subject and, once
+// the server acknowledged that publish, terminates the original (SPEC §3,
+// G4). When the publish fails the original is nak'd instead: nothing is lost.
+// It reports whether the message was dead-lettered.
+func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status int) bool {
+	if l.dead == nil {
+		l.log.Error("no dead-letter publisher; message handed back", "msg_id", m.Key(), "reason", reason)
+		l.nak(m, backoff(l.conf().Task.Retry.Backoff, m.NumDelivered), shaper.OutcomeError)
+		return false
+	}
+	h := make(map[string][]string, len(m.Header)+7)
+	for k, v := range m.Header {
+		h[k] = v
+	}
+	h[HeaderReason] = []string{reason}
+	h[HeaderDownstream] = []string{l.name}
+	attempts := m.NumDelivered
+	if status == notAttempted && attempts > 0 {
+		attempts-- // this delivery never reached the sink
+	}
+	h[HeaderAttempts] = []string{strconv.FormatUint(attempts, 10)}
+	if cause != nil {
+		h[HeaderLastError] = []string{truncate(cause.Error(), 512)}
+	}
+	if status != notAttempted {
+		h[HeaderLastStatus] = []string{strconv.Itoa(status)}
+	}
+	h[HeaderStream] = []string{m.Stream}
+	h[HeaderStreamSeq] = []string{strconv.FormatUint(m.StreamSeq, 10)}
+	h[HeaderKey] = []string{m.Key()}
+	h[shaper.MsgIDHeader] = []string{l.name + "/" + m.Key()}
+	dm := *m
+	dm.Header = h
+	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+	err := l.dead.Send(ctx, &dm)
+	cancel()
+	if err != nil {
+		l.log.Error("dead-letter publish failed; message handed back", "msg_id", m.Key(), "reason", reason, "err", err)
+		l.nak(m, backoff(l.conf().Task.Retry.Backoff, m.NumDelivered), shaper.OutcomeError)
+		return false
+	}
+	if err := m.Acker.Term(reason); err != nil {
+		l.log.Warn("term failed after dead letter", "msg_id", m.Key(), "err", err)
+	}
+	l.deadLettered.Add(1)
+	l.m.DeadLetters[reason].Inc()
+	l.log.Info("dead-lettered", "msg_id", m.Key(), "reason", reason, "attempt", m.NumDelivered)
+	return true
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

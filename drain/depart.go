@@ -1,0 +1,266 @@
+package drain
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// departLoop releases messages from the bucket at the pacer's times.
+func (l *Lane) departLoop() {
+	defer close(l.departDone)
+	l.waiter.Bind()
+	defer l.waiter.Unbind()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-l.departStop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		// 1. A message at the head (expired ones go to the dead letter
+		// without taking a departure).
+		if !l.awaitHead(ctx) {
+			return
+		}
+		// 2. A free task slot (G5: at most max_in_flight at once).
+		if !l.slots.acquire(ctx) {
+			return
+		}
+		// While the source is disconnected, hold departures: a delivery's
+		// ack could not reach the server, and the message would likely be
+		// delivered again after the reconnect.
+		if !l.awaitConnected(ctx) {
+			l.slots.release()
+			return
+		}
+		ready := time.Now()
+		now := ready
+		scheduled := now // the instant the departure was due (lateness metric)
+		// 3. The pacer's time. A pause (Retry-After) wakes the wait.
+		for {
+			l.mu.Lock()
+			at := l.pacer.Next(now)
+			if l.unwired != nil {
+				if rate := l.pacer.Rate(now); rate > 0 {
+					bound := max(maxWireWait, shaper.Limit(rate).Interval())
+					if w := l.departedAt.Add(bound); w.After(at) {
+						at = w
+					}
+				}
+			}
+			l.mu.Unlock()
+			if !at.After(now) && l.global != nil {
+				var ok bool // the shared schedule's slot (global.go)
+				if at, ok = l.globalAt(ctx, now); !ok {
+					l.slots.release()
+					return
+				}
+			}
+			if !at.After(now) {
+				break
+			}
+			scheduled = at
+			if _, err := l.waiter.Wait(ctx, at, l.wake); err != nil {
+				l.slots.release()
+				return
+			}
+			now = time.Now()
+		}
+		// 4. Departure, of the first message that has not expired at this
+		// instant (SPEC §3 Max age: after every wait; an expired message
+		// takes no departure slot, the next one leaves in its place).
+		m, empty := l.popDeliverable(now)
+		if m == nil { // all expired (or, cannot happen, popped by another)
+			l.slots.release()
+			continue
+		}
+		l.mu.Lock()
+		prev := l.lastDeparture
+		l.lastDeparture = now
+		l.pacer.Depart(ready, now)
+		if empty {
+			l.pacer.SetBusy(now, false)
+		}
+		m.Departed = now
+		l.inflight[m] = struct{}{}
+		if l.reportsWire {
+			l.unwired, l.departedAt = m, now
+		}
+		l.mu.Unlock()
+		if l.global != nil {
+			l.global.held = time.Time{} // the slot is used
+		}
+		l.m.Departures.Inc()
+		l.m.Lateness.Observe(max(0, now.Sub(scheduled)).Seconds())
+		if !prev.IsZero() {
+			l.m.Gap.Observe(now.Sub(prev).Seconds())
+		}
+		l.m.QueueWait.Observe(now.Sub(m.Admitted).Seconds())
+		l.m.BucketDepth.Set(float64(l.bucket.Len()))
+		l.m.InFlight.Inc()
+		l.tasks.Add(1)
+		go l.runTask(m)
+	}
+}
+
+// awaitConnected waits while the source reports it is disconnected; false
+// when ctx ended first.
+func (l *Lane) awaitConnected(ctx context.Context) bool {
+	c, ok := l.src.(Connector)
+	if !ok || c.Connected() {
+		return true
+	}
+	l.log.Warn("source disconnected: departures held until it reconnects")
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !c.Connected() {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
+	l.log.Info("source reconnected: departures resume")
+	return true
+}
+
+// awaitHead waits until the bucket has a deliverable message at its head,
+// dead-lettering expired ones (bucket.max_age). It returns false when the
+// loop must end: stopped, or draining with the bucket empty and fetching over.
+func (l *Lane) awaitHead(ctx context.Context) bool {
+	for {
+		if l.bucket.Peek() != nil {
+			// Expired messages at the head need no slot and no wait.
+			if l.sweepExpired(time.Now(), true) {
+				continue
+			}
+			return true
+		}
+		select {
+		case <-l.fetchDone: // closes only when a drain stopped fetching
+			if l.bucket.Len() == 0 {
+				return false
+			}
+			continue
+		default:
+		}
+		select {
+		case <-l.bucket.NonEmpty():
+		case <-l.fetchDone:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// popDeliverable pops the head for a departure at now, dead-lettering the
+// messages that expired (bucket.max_age) on the way; nil when none is left.
+func (l *Lane) popDeliverable(now time.Time) (*shaper.Message, bool) {
+	maxAge := l.conf().Bucket.MaxAge
+	for {
+		m, empty := l.bucket.Pop()
+		if m == nil || !shaper.Expired(m, now, maxAge) {
+			return m, empty
+		}
+		if empty {
+			l.mu.Lock()
+			l.pacer.SetBusy(now, false)
+			l.mu.Unlock()
+		}
+		l.expire(m, maxAge)
+		if empty {
+			return nil, true
+		}
+	}
+}
+
+// sweepExpired dead-letters the messages of the bucket that are older than
+// bucket.max_age at now: only at the head when headOnly (the departure
+// loop, cheap), else anywhere (housekeeping, so that a paused or blocked
+// lane dead-letters messages as they pass max_age). It reports whether any
+// was removed.
+func (l *Lane) sweepExpired(now time.Time, headOnly bool) bool {
+	maxAge := l.conf().Bucket.MaxAge
+	if maxAge <= 0 {
+		return false
+	}
+	stop := false
+	removed, empty := l.bucket.RemoveIf(func(m *shaper.Message) bool {
+		if stop {
+			return false
+		}
+		if !shaper.Expired(m, now, maxAge) {
+			stop = headOnly
+			return false
+		}
+		return true
+	})
+	if len(removed) == 0 {
+		return false
+	}
+	if empty {
+		l.mu.Lock()
+		l.pacer.SetBusy(now, false)
+		l.mu.Unlock()
+	}
+	l.m.BucketDepth.Set(float64(l.bucket.Len()))
+	for _, m := range removed {
+		l.expire(m, maxAge)
+	}
+	return true
+}
+
+// expire dead-letters m, which is older than maxAge, with reason expired.
+func (l *Lane) expire(m *shaper.Message, maxAge time.Duration) {
+	l.tasks.Add(1)
+	go func() {
+		defer l.tasks.Done()
+		l.deadLetter(m, shaper.ReasonExpired, fmt.Errorf("older than bucket.max_age %s at departure", maxAge), notAttempted)
+	}()
+}
+
+// wired moves the pacer's spacing anchor to when m's request really left
+// (shaper.WithWire) and wakes the departure loop to re-read its time.
+func (l *Lane) wired(m *shaper.Message, t time.Time) {
+	l.mu.Lock()
+	moved := l.pacer.Wire(m.Departed, t)
+	if l.unwired == m {
+		l.unwired = nil
+		moved = true
+	}
+	l.mu.Unlock()
+	if moved {
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Pause holds the lane's departures until until (a downstream's Retry-After).
+// A global lane also extends the shared pause, so that every replica
+// pauses (best effort: when the shared store fails, only this one does).
+func (l *Lane) Pause(until time.Time) {
+	l.mu.Lock()
+	extended := until.After(l.pacer.PausedUntil())
+	l.pacer.Pause(until)
+	l.mu.Unlock()
+	if extended {
+		l.log.Info("lane paused by downstream", "until", until.Format(time.RFC3339Nano))
+		l.m.Paused.Set(1)
+		l.m.RateLimit.Set(0)
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+		if l.global != nil {
+			l.pauseGlobal(until) // every replica of the lane pauses
+		}
+	}
+}

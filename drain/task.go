@@ -1,0 +1,105 @@
+package drain
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// ackTimeout bounds the wait for an ack, nak or dead-letter publish.
+const ackTimeout = 5 * time.Second
+
+// runTask makes one delivery attempt under the task timeout and settles it.
+func (l *Lane) runTask(m *shaper.Message) {
+	defer func() {
+		l.mu.Lock()
+		delete(l.inflight, m)
+		if l.unwired == m {
+			l.unwired = nil
+		}
+		l.mu.Unlock()
+		l.m.InFlight.Dec()
+		l.slots.release()
+		l.tasks.Done()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), l.conf().Task.Timeout)
+	ctx = shaper.WithWire(ctx, func(t time.Time) { l.wired(m, t) })
+	start := time.Now()
+	err := l.sinkp.Load().s.Send(ctx, m)
+	took := time.Since(start)
+	timedOut := err != nil && (errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil)
+	cancel()
+	switch {
+	case err == nil:
+		l.m.TaskDuration[shaper.OutcomeSuccess].Observe(took.Seconds())
+	case timedOut:
+		l.m.TaskDuration[shaper.OutcomeTimeout].Observe(took.Seconds())
+	default:
+		l.m.TaskDuration[shaper.OutcomeError].Observe(took.Seconds())
+	}
+	l.settle(m, err, timedOut)
+}
+
+// settle gives m its final verb for this attempt (SPEC §3, Retries).
+func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+		aerr := m.Acker.Ack(ctx)
+		cancel()
+		if aerr != nil {
+			// The downstream has it; the server will redeliver after ack
+			// wait and the idempotency key (G8) lets the downstream dedupe.
+			l.log.Warn("ack failed", "msg_id", m.Key(), "err", aerr)
+		}
+		l.delivered.Add(1)
+		l.m.Deliveries[shaper.OutcomeSuccess].Inc()
+		return
+	}
+	cfg := l.conf()
+	v := decide(err, timedOut, m.NumDelivered, cfg.Source, cfg.Task.Retry)
+	if v.kind == verdictDeadLetter {
+		if l.deadLetter(m, v.reason, err, v.status) {
+			l.m.Deliveries[shaper.OutcomeDeadLetter].Inc()
+		} else {
+			l.m.Deliveries[shaper.OutcomeRetry].Inc()
+		}
+		return
+	}
+	if v.pause {
+		// The downstream is saturated: pause the whole lane (SPEC §3).
+		l.Pause(time.Now().Add(v.delay))
+	}
+	l.log.Debug("attempt failed", "msg_id", m.Key(), "attempt", m.NumDelivered, "status", v.status, "err", err, "retry_in", v.delay)
+	l.warnFailures(m, v.status, err, v.delay)
+	l.m.Deliveries[shaper.OutcomeRetry].Inc()
+	l.nak(m, v.delay, v.reason)
+}
+
+// failureLogEvery bounds the warnings about failing attempts: one line per
+// lane per period, with how many failed since the last one.
+const failureLogEvery = 10 * time.Second
+
+// warnFailures logs failing attempts at warn level, at most once per
+// failureLogEvery, so that an operator sees a hanging or failing downstream in
+// the logs without one line per message.
+func (l *Lane) warnFailures(m *shaper.Message, status int, err error, delay time.Duration) {
+	n := l.failures.Add(1)
+	now := time.Now().UnixNano()
+	last := l.failureLogAt.Load()
+	if now-last < int64(failureLogEvery) || !l.failureLogAt.CompareAndSwap(last, now) {
+		return
+	}
+	l.failures.Add(-n)
+	l.log.Warn("delivery attempts failing; messages are retried", "failed_attempts", n,
+		"last_status", status, "last_err", err, "msg_id", m.Key(), "retry_in", delay)
+}
+
+func (l *Lane) nak(m *shaper.Message, delay time.Duration, reason string) {
+	if err := m.Acker.Nak(delay); err != nil {
+		l.log.Warn("nak failed", "msg_id", m.Key(), "err", err)
+	}
+	l.nacked.Add(1)
+	l.m.Retries[reason].Inc()
+}
