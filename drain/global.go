@@ -10,7 +10,7 @@ import (
 
 // GlobalSchedule is the departure schedule a lane shares with the other
 // replicas serving the same downstream (SPEC §3 "Global rate",
-// docs/scaling.md). Implementation: sources.LaneSlots (Redis).
+// docs/scaling.md). Implementation: redisslots.LaneSlots (Redis).
 //
 // Contract: the schedule is a GCRA over all replicas: slots are at least
 // one emission interval apart, idle time earns no more than the request's

@@ -26,6 +26,7 @@ import (
 	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/drain"
 	"github.com/shaper-dev/shaper/metrics"
+	"github.com/shaper-dev/shaper/redisslots"
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/sinks"
 	"github.com/shaper-dev/shaper/sources"
@@ -52,9 +53,9 @@ type daemon struct {
 	js      jetstream.JetStream
 	mu      sync.Mutex
 	lanes   map[string]*laneRec
-	failed  map[string]string   // lanes a reload could not start: why
-	retired sync.WaitGroup      // lanes draining after a reload removed them
-	redis   *sources.RedisSlots // global rates; nil when no lane has rate.global
+	failed  map[string]string      // lanes a reload could not start: why
+	retired sync.WaitGroup         // lanes draining after a reload removed them
+	redis   *redisslots.RedisSlots // global rates; nil when no lane has rate.global
 
 	adminLn  net.Listener
 	admin    *http.Server
@@ -205,7 +206,7 @@ func closeSink(s drain.Sink) {
 // unreachable at start is not fatal: global lanes begin in the local
 // fallback and join the shared schedule when it answers.
 func (d *daemon) startRedis(ctx context.Context) error {
-	r, err := sources.NewRedisSlots(d.cfg.Redis, sources.WithRedisLogger(d.log))
+	r, err := redisslots.NewRedisSlots(d.cfg.Redis, redisslots.WithRedisLogger(d.log))
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}

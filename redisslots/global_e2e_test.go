@@ -1,4 +1,4 @@
-package sources
+package redisslots
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/shaper-dev/shaper/drain"
 	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/sources"
 )
 
 // arrivals records when the downstream saw each message, and when it
@@ -120,7 +121,7 @@ func TestGlobalThreeReplicas(t *testing.T) {
 		total    = 3000
 	)
 	rd := startRedis(t)
-	ns, err := StartEmbedded("127.0.0.1:0", t.TempDir())
+	ns, err := sources.StartEmbedded("127.0.0.1:0", t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +147,7 @@ func TestGlobalThreeReplicas(t *testing.T) {
 	var reps []replica
 	var js0 jetstream.JetStream
 	for i := range replicas {
-		nc, err := Connect(ns.ClientURL(), nil)
+		nc, err := sources.Connect(ns.ClientURL(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,7 +159,7 @@ func TestGlobalThreeReplicas(t *testing.T) {
 		if i == 0 {
 			js0 = js
 		}
-		src, err := NewJetStream(ctx, js, JetStreamConfig{Stream: cfg.Source.Stream, Subjects: cfg.Source.Subjects,
+		src, err := sources.NewJetStream(ctx, js, sources.JetStreamConfig{Stream: cfg.Source.Stream, Subjects: cfg.Source.Subjects,
 			Durable: cfg.Source.Consumer, AckWait: cfg.Source.AckWait, MaxAckPending: cfg.Source.MaxAckPending}, nil)
 		if err != nil {
 			t.Fatal(err)
