@@ -225,8 +225,17 @@ func (d *daemon) startRedis(ctx context.Context) error {
 }
 
 func (d *daemon) newSink(sc config.Sink, maxInFlight int) (drain.Sink, error) {
-	switch sc.Kind {
-	case "http":
+	build, ok := sinkKinds[sc.Kind]
+	if !ok {
+		return nil, fmt.Errorf("unknown sink kind %q", sc.Kind)
+	}
+	return build(d, sc, maxInFlight)
+}
+
+// sinkKinds builds a lane's sink by sink.kind: adding a kind is its file in
+// sinks/, its keys in config, and one row here (docs/architecture.md).
+var sinkKinds = map[string]func(d *daemon, sc config.Sink, maxInFlight int) (drain.Sink, error){
+	config.SinkHTTP: func(d *daemon, sc config.Sink, maxInFlight int) (drain.Sink, error) {
 		s, err := sinks.NewHTTP(sinks.HTTPConfig{URL: sc.URL, Method: sc.Method, Headers: sc.Headers,
 			SuccessStatus: sc.SuccessStatus, RetryableStatus: sc.RetryableStatus},
 			sinks.WithLogger(d.log), sinks.WithMaxIdleConnsPerHost(max(sinks.DefaultMaxIdleConnsPerHost, maxInFlight)))
@@ -234,14 +243,13 @@ func (d *daemon) newSink(sc config.Sink, maxInFlight int) (drain.Sink, error) {
 			return nil, err
 		}
 		return s, nil
-	case "nats":
-		s := sinks.NewNATS(d.js, sc.Subject)
-		return s, nil
-	case "log":
-		s := sinks.NewLog(d.stdout)
-		return s, nil
-	}
-	return nil, fmt.Errorf("unknown sink kind %q", sc.Kind)
+	},
+	config.SinkNATS: func(d *daemon, sc config.Sink, _ int) (drain.Sink, error) {
+		return sinks.NewNATS(d.js, sc.Subject), nil
+	},
+	config.SinkLog: func(d *daemon, _ config.Sink, _ int) (drain.Sink, error) {
+		return sinks.NewLog(d.stdout), nil
+	},
 }
 
 // notReady returns why the daemon is not ready, or "" (SPEC §6 /readyz).
