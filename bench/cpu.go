@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/shaper-dev/shaper/drain"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -49,7 +50,7 @@ type cpuKind struct {
 
 func cpuKinds() []cpuKind {
 	return []cpuKind{
-		{"shaper", "shaper.Pacer + shaper.NewPreciseWaiter(), the departure loop of section 1 under a cancellable ctx; lateness against the `at` it waited for", runShaperCPU},
+		{"shaper", "shaper.Pacer + drain.NewPreciseWaiter(), the departure loop of section 1 under a cancellable ctx; lateness against the `at` it waited for", runShaperCPU},
 		{"clock_nanosleep", "runtime.LockOSThread, prctl(PR_SET_TIMERSLACK, 1 µs), unix.ClockNanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME) to absolute deadlines one interval apart, a lag above 0.9 interval forgiven (the physical limit as the issue names it); lateness against the deadline", runNanosleepCPU},
 		{"clock_nanosleep raw", "the same loop with clock_nanosleep as a raw syscall (unix.RawSyscall6): no entersyscall, so the Go runtime neither hands off the P nor wakes sysmon; the kernel's own cost of a wake-up, a floor for comparison only (it holds its P while it sleeps)", runRawNanosleepCPU},
 		{"x/time/rate", "rate.NewLimiter(r, 1).Wait(ctx); lateness against the reservation's time to act (computed from TokensAt before the call)", runXrateCPU},
@@ -108,7 +109,7 @@ func runShaperCPU(perSecond float64, d time.Duration) cpuRun {
 	n := departures(perSecond, d)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	w := shaper.NewPreciseWaiter()
+	w := drain.NewPreciseWaiter()
 	w.Bind()
 	defer w.Unbind()
 	return measureLoop(n, func(start time.Time, record func(dep, sched time.Time) bool) {

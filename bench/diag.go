@@ -20,7 +20,7 @@ import (
 // recWaiter wraps the lane's waiter (drain.WithWaiter) and records how late
 // each timed wait returned, to explain the lane's achieved rate.
 type recWaiter struct {
-	inner shaper.Waiter
+	inner drain.Waiter
 	mu    sync.Mutex
 	late  []time.Duration
 }

@@ -322,7 +322,7 @@ func runLaneOn(ctx context.Context, name string, cfg config.Lane, src drain.Sour
 	r := endToEnd{name: name, n: n}
 	sink := newCountSink(n, stamp)
 	cs := &countSource{inner: src}
-	rw := &recWaiter{inner: shaper.NewPreciseWaiter()}
+	rw := &recWaiter{inner: drain.NewPreciseWaiter()}
 	lane, err := drain.New("bench", cfg, cs, sink,
 		drain.WithMetrics(metrics.New(prometheus.NewRegistry()).Lane("bench", float64(cfg.Rate.Limit))),
 		drain.WithWaiter(rw))

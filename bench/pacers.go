@@ -7,6 +7,7 @@ import (
 	"go.uber.org/ratelimit"
 	"golang.org/x/time/rate"
 
+	"github.com/shaper-dev/shaper/drain"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -31,16 +32,16 @@ type pacerKind struct {
 // permanent backlog (a message and a task slot are always ready).
 func pacerKinds() []pacerKind {
 	return []pacerKind{
-		{"shaper", "shaper.Pacer + shaper.NewPreciseWaiter() (timerfd in the poller, then spin)", func(r float64) taker {
-			return newShaperTaker(r, &recWaiter{inner: shaper.NewPreciseWaiter()})
+		{"shaper", "shaper.Pacer + drain.NewPreciseWaiter() (timerfd in the poller, then spin)", func(r float64) taker {
+			return newShaperTaker(r, &recWaiter{inner: drain.NewPreciseWaiter()})
 		}},
 		{"shaper min_spacing 1.0", "the same, configured for a strict judge (rate.min_spacing: 1.0: never early)", func(r float64) taker {
-			t := newShaperTaker(r, &recWaiter{inner: shaper.NewPreciseWaiter()})
+			t := newShaperTaker(r, &recWaiter{inner: drain.NewPreciseWaiter()})
 			t.p = shaper.NewPacer(shaper.PacerConfig{Limit: shaper.Limit(r), MinSpacing: 1}, time.Now())
 			return t
 		}},
-		{"shaper (TimerWaiter)", "the same pacer on shaper.TimerWaiter{} (a plain time.Timer)", func(r float64) taker {
-			return newShaperTaker(r, &recWaiter{inner: shaper.TimerWaiter{}})
+		{"shaper (TimerWaiter)", "the same pacer on drain.TimerWaiter{} (a plain time.Timer)", func(r float64) taker {
+			return newShaperTaker(r, &recWaiter{inner: drain.TimerWaiter{}})
 		}},
 		{"x/time/rate", "rate.NewLimiter(r, 1).Wait(ctx)", func(r float64) taker {
 			return &xrateTaker{lim: rate.NewLimiter(rate.Limit(r), 1), ctx: context.Background()}
@@ -62,12 +63,12 @@ func pacerKinds() []pacerKind {
 // Wait(at); now = time.Now() }; Depart(ready, now).
 type shaperTaker struct {
 	p      *shaper.Pacer
-	w      shaper.Waiter
+	w      drain.Waiter
 	ctx    context.Context
 	cancel context.CancelFunc
 }
 
-func newShaperTaker(perSecond float64, w shaper.Waiter) *shaperTaker {
+func newShaperTaker(perSecond float64, w drain.Waiter) *shaperTaker {
 	// The lane's loop waits under a cancellable context (departStop), so
 	// the waiter pays for registering the cancellation as it does there.
 	ctx, cancel := context.WithCancel(context.Background())

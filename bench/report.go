@@ -86,7 +86,7 @@ func (r *Results) Markdown() string {
 	}
 
 	w("How late the waiters woke against the instant the pacer asked for (recorded by a wrapper around the\n")
-	w("`shaper.Waiter`). The pacer makes up lateness by leaving up to (1 − min_spacing) of an interval early per\n")
+	w("`drain.Waiter`). The pacer makes up lateness by leaving up to (1 − min_spacing) of an interval early per\n")
 	w("departure (min_spacing %.2f by default; above 1,000/s a lag under shaper.MakeUpLag at once) and forgives a\n", shaper.DefaultMinSpacing)
 	w("lag beyond MakeUpLag, so only stalls cost rate; a wake-up later than 1 %% of an interval is made up by a\n")
 	w("departure closer than 0.99 interval, which the strict judge of section 2 rejects.\n\n")

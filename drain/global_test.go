@@ -129,7 +129,7 @@ func newGlobalHarness(t *testing.T, limit float64, sink Sink, g GlobalSchedule, 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l, err := New("test", cfg, h.src, sink, WithWaiter(shaper.TimerWaiter{}), WithMetrics(h.m),
+	l, err := New("test", cfg, h.src, sink, WithWaiter(TimerWaiter{}), WithMetrics(h.m),
 		WithDeadLetter(h.dead), WithGlobal(g, hint), WithLogger(log))
 	if err != nil {
 		t.Fatal(err)
@@ -390,7 +390,7 @@ func TestGlobalReturnEarnsNoCredit(t *testing.T) {
 		cfg.Rate.Global = true
 		h := &harness{t: t, src: newMemSource(cfg.Source.AckWait), dead: &recSink{}, reg: prometheus.NewRegistry()}
 		h.m = metrics.New(h.reg).Lane("test", 30)
-		l, err := New("test", cfg, h.src, sink, WithWaiter(shaper.TimerWaiter{}), WithMetrics(h.m),
+		l, err := New("test", cfg, h.src, sink, WithWaiter(TimerWaiter{}), WithMetrics(h.m),
 			WithDeadLetter(h.dead), WithGlobal(g, 3))
 		if err != nil {
 			t.Fatal(err)

@@ -49,8 +49,8 @@ func WithMetrics(m *metrics.Lane) Option {
 }
 
 // WithWaiter sets how the departure loop sleeps (default
-// shaper.NewPreciseWaiter(); use shaper.TimerWaiter{} under synctest).
-func WithWaiter(w shaper.Waiter) Option {
+// NewPreciseWaiter(); use TimerWaiter{} under synctest).
+func WithWaiter(w Waiter) Option {
 	return optionFunc(func(l *Lane) { l.waiter = w })
 }
 
@@ -71,7 +71,7 @@ type Lane struct {
 	dead   Sink
 	log    *slog.Logger
 	m      *metrics.Lane
-	waiter shaper.Waiter
+	waiter Waiter
 
 	bucket *shaper.Bucket
 	slots  *semaphore // max_in_flight
@@ -135,7 +135,7 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 		l.m = metrics.Discard(name, float64(cfg.Rate.Limit))
 	}
 	if l.waiter == nil {
-		l.waiter = shaper.NewPreciseWaiter()
+		l.waiter = NewPreciseWaiter()
 	}
 	l.log = l.log.With("lane", name)
 	if wr, ok := sink.(WireReporter); ok && wr.ReportsWire() {

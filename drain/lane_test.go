@@ -108,7 +108,7 @@ func newHarness(t *testing.T, cfg config.Lane, sink *recSink) *harness {
 	t.Helper()
 	h := &harness{t: t, src: newMemSource(cfg.Source.AckWait), sink: sink, dead: &recSink{}, reg: prometheus.NewRegistry()}
 	h.m = metrics.New(h.reg).Lane("test", float64(cfg.Rate.Limit))
-	l, err := New("test", cfg, h.src, sink, WithWaiter(shaper.TimerWaiter{}), WithMetrics(h.m), WithDeadLetter(h.dead))
+	l, err := New("test", cfg, h.src, sink, WithWaiter(TimerWaiter{}), WithMetrics(h.m), WithDeadLetter(h.dead))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,12 +27,12 @@ func interval(perSecond float64) time.Duration {
 // departure. offer (if > 0) spaces the attempts like a producer offering
 // that many per second: an attempt never starts before the previous one's
 // offer time.
-func consume(ls *LaneSlots, req drain.SlotRequest, stop time.Time, offer time.Duration, w shaper.Waiter,
+func consume(ls *LaneSlots, req drain.SlotRequest, stop time.Time, offer time.Duration, w drain.Waiter,
 	clockOffset time.Duration) (slots, departures []time.Time, err error) {
 	ctx := context.Background()
 	iv := req.Interval
 	if w == nil {
-		w = shaper.TimerWaiter{}
+		w = drain.TimerWaiter{}
 	}
 	w.Bind()
 	defer w.Unbind()
@@ -84,7 +84,7 @@ func TestRedisGCRATwoReplicas(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, d, err := consume(ls, slotReq(iv), stop, 0, shaper.NewPreciseWaiter(), 0)
+			s, d, err := consume(ls, slotReq(iv), stop, 0, drain.NewPreciseWaiter(), 0)
 			mu.Lock()
 			defer mu.Unlock()
 			slots, deps = append(slots, s...), append(deps, d...)
@@ -143,7 +143,7 @@ func TestRedisLeasesAt10k(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, d, err := consume(ls, slotReq(iv), stop, 0, shaper.NewPreciseWaiter(), 0)
+			_, d, err := consume(ls, slotReq(iv), stop, 0, drain.NewPreciseWaiter(), 0)
 			mu.Lock()
 			deps = append(deps, d...)
 			if err != nil {

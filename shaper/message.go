@@ -1,9 +1,10 @@
 // Package shaper holds the semantics of a lane: the message model, the bounded
-// bucket, the pacer (constant rate, slack, warmup, pauses) and the parsing of
-// rates. It performs no network I/O: it imports no NATS, HTTP or Redis package,
-// so every rule here is testable as pure functions of time or under
-// testing/synctest. The one system interface it touches is the clock: the
-// precise waiter (wait_linux.go) sleeps on a timerfd.
+// bucket, the pacer (constant rate, slack, min_spacing make-up, warmup,
+// pauses), expiry, dead-letter reasons and outcomes, and the parsing of
+// rates. It imports the standard library only and performs no I/O: every
+// rule here is a pure function of the instants passed in, tested as tables
+// of instants and random schedules. The clock and the sleeping are the
+// worker's (drain: the precise waiter).
 package shaper
 
 import (

@@ -27,7 +27,6 @@ import (
 	"github.com/shaper-dev/shaper/drain"
 	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/redisslots"
-	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/sinks"
 	"github.com/shaper-dev/shaper/sources"
 )
@@ -46,7 +45,7 @@ type daemon struct {
 	reg    *prometheus.Registry
 	m      *metrics.Metrics
 	stdout io.Writer
-	waiter func() shaper.Waiter
+	waiter func() drain.Waiter
 
 	ns      *server.Server
 	nc      *nats.Conn
@@ -66,7 +65,7 @@ func newDaemon(cfg *config.Config, log *slog.Logger) *daemon {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return &daemon{cfg: cfg, log: log, reg: reg, m: metrics.New(reg), stdout: os.Stdout,
-		waiter: shaper.NewPreciseWaiter}
+		waiter: drain.NewPreciseWaiter}
 }
 
 // start brings everything up; on error it tears down what it started.

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package shaper
+package drain
 
 // NewPreciseWaiter returns a TimerWaiter where timerfd is not available
 // (it is Linux-only): about 1 ms late per wake-up.

@@ -1,4 +1,4 @@
-package shaper
+package drain
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/shaper-dev/shaper/shaper"
 )
 
 // TestPreciseWaiterInterrupts: a wake token interrupts a wait at once, a
@@ -88,7 +90,7 @@ func waitLateness(t *testing.T, w Waiter, d time.Duration) []time.Duration {
 	wake := make(chan struct{}, 1)
 	w.Bind()
 	defer w.Unbind()
-	p := NewPacer(PacerConfig{Limit: 1000}, time.Now())
+	p := shaper.NewPacer(shaper.PacerConfig{Limit: 1000}, time.Now())
 	late := make([]time.Duration, 0, int(d/time.Millisecond)+16)
 	for start := time.Now(); time.Since(start) < d; {
 		ready := time.Now()

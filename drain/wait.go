@@ -1,4 +1,4 @@
-package shaper
+package drain
 
 import (
 	"context"
