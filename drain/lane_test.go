@@ -11,6 +11,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/shaper-dev/shaper/shaper/shapertest"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
@@ -84,14 +86,8 @@ func times(cs []call) []time.Time {
 }
 
 func maxInWindow(ts []time.Time, w time.Duration) int {
-	best, j := 0, 0
-	for i := range ts {
-		for ts[i].Sub(ts[j]) >= w {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
+	n, _ := shapertest.MaxInWindow(ts, w)
+	return n
 }
 
 type harness struct {

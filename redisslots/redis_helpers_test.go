@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shaper-dev/shaper/shaper/shapertest"
+
 	"go.uber.org/goleak"
 
 	"github.com/shaper-dev/shaper/config"
@@ -167,27 +169,15 @@ func newSlots(t *testing.T, addr string, opts ...RedisOption) *RedisSlots {
 // maxIn returns the largest number of sorted instants in a half-open window
 // [t, t+w).
 func maxIn(ts []time.Time, w time.Duration) int {
-	best, j := 0, 0
-	for i := range ts {
-		for ts[i].Sub(ts[j]) >= w {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
+	n, _ := shapertest.MaxInWindow(ts, w)
+	return n
 }
 
 // maxInClosed returns the largest number of sorted instants in a closed
 // window [t, t+w].
 func maxInClosed(ts []time.Time, w time.Duration) int {
-	best, j := 0, 0
-	for i := range ts {
-		for ts[i].Sub(ts[j]) > w {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
+	n, _ := shapertest.MaxInClosedWindow(ts, w)
+	return n
 }
 
 // sleepUntil sleeps until t (about 1 ms late, as Go's timers are here).

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/shaper-dev/shaper/shaper/shapertest"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -46,27 +48,18 @@ func (s *sim) run(n int) []time.Time {
 // maxInWindow returns the largest number of departures in any half-open
 // window [x, x+w).
 func maxInWindow(deps []time.Time, w time.Duration) int {
-	best, j := 0, 0
-	for i := range deps {
-		for deps[i].Sub(deps[j]) >= w {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
+	n, _ := shapertest.MaxInWindow(deps, w)
+	return n
 }
 
 func minGap(deps []time.Time) time.Duration {
-	g := time.Duration(math.MaxInt64)
-	for i := 1; i < len(deps); i++ {
-		g = min(g, deps[i].Sub(deps[i-1]))
-	}
+	g, _ := shapertest.MinGap(deps)
 	return g
 }
 
 // boundG1 is SPEC G1's bound: floor(W × limit) + 1 + slack.
 func boundG1(w time.Duration, limit float64, slack int) int {
-	return int(math.Floor(w.Seconds()*limit+1e-9)) + 1 + slack
+	return shapertest.BoundWhole(w, limit, slack)
 }
 
 func TestPacerG1BoundUnderBacklog(t *testing.T) {

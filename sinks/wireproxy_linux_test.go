@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shaper-dev/shaper/shaper/shapertest"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -349,17 +351,7 @@ func statsOf(ts []time.Time) wireStats {
 // maxInWindow returns the most stamps of ts (sorted) that fit in one closed
 // window of length w, and where the first such window starts.
 func maxInWindow(ts []time.Time, w time.Duration) (int, time.Time) {
-	best, at := 0, time.Time{}
-	j := 0
-	for i := range ts {
-		for ts[i].Sub(ts[j]) > w {
-			j++
-		}
-		if n := i - j + 1; n > best {
-			best, at = n, ts[j]
-		}
-	}
-	return best, at
+	return shapertest.MaxInClosedWindow(ts, w)
 }
 
 // percentile returns the q-quantile (0..1) of d (unsorted; not modified).

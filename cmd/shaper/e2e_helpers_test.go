@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shaper-dev/shaper/shaper/shapertest"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -252,19 +254,7 @@ func times(a []arrival) []time.Time {
 // half-open window [t, t+w), and where that window starts. The maximum over
 // all windows is reached by a window starting at one of the instants.
 func maxInWindow(ts []time.Time, w time.Duration) (int, time.Time) {
-	best, at, j := 0, time.Time{}, 0
-	for i := range ts {
-		if j < i {
-			j = i
-		}
-		for j < len(ts) && ts[j].Sub(ts[i]) < w {
-			j++
-		}
-		if j-i > best {
-			best, at = j-i, ts[i]
-		}
-	}
-	return best, at
+	return shapertest.MaxInWindow(ts, w)
 }
 
 // gapSummary describes the gaps between consecutive instants of ts (sorted):
