@@ -1,0 +1,219 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net/url"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// envRef finds ${NAME} references in the raw file.
+var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+// expandSecrets replaces ${NAME} references by the environment in the keys
+// that may hold secrets, and remembers the original text so messages and
+// Redacted never show the expanded value.
+func expandSecrets(p *problems, c *Config) {
+	c.templates = map[string]string{}
+	expand := func(key string, s *string) {
+		out, changed, err := expandEnv(*s)
+		if err != nil {
+			p.fail(key, err.Error())
+		}
+		if changed {
+			c.templates[key] = *s
+			if err == nil {
+				*s = out
+			}
+		}
+	}
+	expand("nats.url", &c.NATS.URL)
+	expand("redis.addr", &c.Redis.Addr)
+	expand("redis.username", &c.Redis.Username)
+	expand("redis.password", &c.Redis.Password)
+	for name, l := range c.Downstreams {
+		prefix := "downstreams." + name + ".sink."
+		expand(prefix+"url", &l.Sink.URL)
+		if l.Sink.Headers != nil {
+			headers := make(map[string]string, len(l.Sink.Headers))
+			for h, val := range l.Sink.Headers {
+				expand(prefix+"headers."+h, &val)
+				headers[h] = val
+			}
+			l.Sink.Headers = headers
+		}
+		c.Downstreams[name] = l
+	}
+}
+
+// expandEnv replaces each ${NAME} in s by the value of the environment
+// variable NAME. changed reports whether s holds any reference. The error
+// names the variables that are unset or empty, never a value.
+func expandEnv(s string) (out string, changed bool, err error) {
+	if !strings.Contains(s, "${") {
+		return s, false, nil
+	}
+	var b strings.Builder
+	var missing []string
+	rest := s
+	for {
+		i := strings.Index(rest, "${")
+		if i < 0 {
+			b.WriteString(rest)
+			break
+		}
+		b.WriteString(rest[:i])
+		j := strings.IndexByte(rest[i:], '}')
+		if j < 0 {
+			return s, true, errors.New("unterminated ${ reference")
+		}
+		name := rest[i+2 : i+j]
+		if !isEnvName(name) {
+			return s, true, fmt.Errorf("${%s} is not a valid reference: want ${NAME} with NAME of letters, digits and _", name)
+		}
+		val, ok := os.LookupEnv(name)
+		if !ok || val == "" {
+			if !slices.Contains(missing, name) {
+				missing = append(missing, name)
+			}
+		}
+		b.WriteString(val)
+		rest = rest[i+j+1:]
+	}
+	if len(missing) > 0 {
+		refs := make([]string, len(missing))
+		for i, n := range missing {
+			refs[i] = "${" + n + "}"
+		}
+		return s, true, fmt.Errorf("environment variable referenced by %s is not set (or empty)", strings.Join(refs, ", "))
+	}
+	return b.String(), true, nil
+}
+
+func isEnvName(s string) bool {
+	if s == "" || (s[0] >= '0' && s[0] <= '9') {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// redactedValue is what Redacted shows in place of a secret it cannot show
+// as its ${ENV} reference.
+const redactedValue = "[REDACTED]"
+
+// Redacted returns a deep copy of c that is safe to log or print: every
+// value that came from ${ENV} references is replaced by the reference text
+// ("Bearer ${PAYMENTS_TOKEN}"), passwords in URLs are masked, and literal
+// header values whose name suggests a credential (Authorization, Cookie,
+// *token*, *secret*, *key*, *pass*, *auth*) are replaced by "[REDACTED]".
+// c itself is not modified. Redacted of nil is nil.
+func (c *Config) Redacted() *Config {
+	if c == nil {
+		return nil
+	}
+	r := *c
+	r.templates = maps.Clone(c.templates)
+	r.NATS.URL = c.shownRaw("nats.url", c.NATS.URL)
+	r.Redis.Addr = c.shownRaw("redis.addr", c.Redis.Addr)
+	r.Redis.Username = c.shownRaw("redis.username", c.Redis.Username)
+	if tmpl, ok := c.templates["redis.password"]; ok {
+		r.Redis.Password = tmpl
+	} else if c.Redis.Password != "" {
+		r.Redis.Password = redactedValue
+	}
+	r.Downstreams = make(map[string]Lane, len(c.Downstreams))
+	for name, l := range c.Downstreams {
+		prefix := "downstreams." + name + ".sink."
+		l.Source.Subjects = slices.Clone(l.Source.Subjects)
+		l.Task.Retry.Backoff = slices.Clone(l.Task.Retry.Backoff)
+		l.Sink.SuccessStatus = slices.Clone(l.Sink.SuccessStatus)
+		l.Sink.RetryableStatus = slices.Clone(l.Sink.RetryableStatus)
+		l.Sink.URL = c.shownRaw(prefix+"url", l.Sink.URL)
+		if l.Sink.Headers != nil {
+			headers := make(map[string]string, len(l.Sink.Headers))
+			for h, val := range l.Sink.Headers {
+				key := prefix + "headers." + h
+				switch tmpl, ok := c.templates[key]; {
+				case ok:
+					headers[h] = tmpl
+				case sensitiveHeader(h):
+					headers[h] = redactedValue
+				default:
+					headers[h] = val
+				}
+			}
+			l.Sink.Headers = headers
+		}
+		r.Downstreams[name] = l
+	}
+	return &r
+}
+
+// shownRaw returns the text of a URL or address key that is safe to show:
+// its ${ENV} reference when it had one, else the value with any password
+// masked.
+func (c *Config) shownRaw(key, value string) string {
+	if tmpl, ok := c.templates[key]; ok {
+		return tmpl
+	}
+	return maskPassword(value)
+}
+
+// maskPassword masks the password of every URL in a comma-separated list.
+func maskPassword(s string) string {
+	if !strings.Contains(s, "@") {
+		return s
+	}
+	parts := strings.Split(s, ",")
+	for i, part := range parts {
+		u, err := url.Parse(strings.TrimSpace(part))
+		if err != nil {
+			if strings.Contains(part, "@") {
+				parts[i] = redactedValue
+			}
+			continue
+		}
+		if u.User != nil {
+			// A user name alone may be a token (https://TOKEN@host): mask it too.
+			if _, has := u.User.Password(); has {
+				u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			} else {
+				u.User = url.User("xxxxx")
+			}
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+func sensitiveHeader(name string) bool {
+	n := strings.ToLower(name)
+	for _, w := range []string{"authorization", "cookie", "token", "secret", "key", "pass", "auth", "signature", "credential"} {
+		if strings.Contains(n, w) {
+			return true
+		}
+	}
+	return false
+}
