@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"golang.org/x/net/http/httpguts"
 	"math"
 	"net"
 	"net/http"
@@ -14,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Values of bucket.overflow (SPEC §3 Overflow).
@@ -122,6 +123,14 @@ func (p *problems) err() error {
 	return errors.Join(errs...)
 }
 
+// MinLimit and MaxLimit bound rate.limit, in messages per second: outside
+// them the emission interval does not fit the pacer's arithmetic
+// (time.Duration spans 292 years) or is below what a pull consumer can feed.
+const (
+	MinLimit = 1.0 / 86400
+	MaxLimit = 1e6
+)
+
 // Validate checks a loaded configuration against the rules of SPEC §3–§4
 // and returns every problem at once: the error joins one [*FieldError] per
 // problem ("<key path>: <what is wrong>", with the offending value), or is
@@ -130,12 +139,6 @@ func (p *problems) err() error {
 // Validate does not apply defaults: it expects a Config from [Load] (or one
 // filled in completely by hand). It is safe to call again on a Config, for
 // example by the daemon before applying a reloaded configuration.
-// MinLimit and MaxLimit bound rate.limit, in messages per second.
-const (
-	MinLimit = 1.0 / 86400
-	MaxLimit = 1e6
-)
-
 func Validate(c *Config) ([]Warning, error) {
 	p := newProblems()
 	if c == nil {

@@ -4,21 +4,20 @@
 package main
 
 import (
-	"path/filepath"
-	"time"
-
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fsnotify/fsnotify"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"syscall"
+	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"github.com/spf13/cobra"
 
 	"github.com/shaper-dev/shaper/config"
