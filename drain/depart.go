@@ -160,24 +160,12 @@ func (l *Lane) awaitHead(ctx context.Context) bool {
 }
 
 // popDeliverable pops the head for a departure at now, dead-lettering the
-// messages that expired (bucket.max_age) on the way; nil when none is left.
+// messages at the head that expired (bucket.max_age) first; nil when none
+// is left. What the housekeeping sweep may remove meanwhile is expired at a
+// later instant, so what Pop returns has not expired at now.
 func (l *Lane) popDeliverable(now time.Time) (*shaper.Message, bool) {
-	maxAge := l.conf().Bucket.MaxAge
-	for {
-		m, empty := l.bucket.Pop()
-		if m == nil || !shaper.Expired(m, now, maxAge) {
-			return m, empty
-		}
-		if empty {
-			l.mu.Lock()
-			l.pacer.SetBusy(now, false)
-			l.mu.Unlock()
-		}
-		l.expire(m, maxAge)
-		if empty {
-			return nil, true
-		}
-	}
+	l.sweepExpired(now, true)
+	return l.bucket.Pop()
 }
 
 // sweepExpired dead-letters the messages of the bucket that are older than
@@ -190,17 +178,14 @@ func (l *Lane) sweepExpired(now time.Time, headOnly bool) bool {
 	if maxAge <= 0 {
 		return false
 	}
-	stop := false
-	removed, empty := l.bucket.RemoveIf(func(m *shaper.Message) bool {
-		if stop {
-			return false
-		}
-		if !shaper.Expired(m, now, maxAge) {
-			stop = headOnly
-			return false
-		}
-		return true
-	})
+	expired := func(m *shaper.Message) bool { return shaper.Expired(m, now, maxAge) }
+	var removed []*shaper.Message
+	var empty bool
+	if headOnly {
+		removed, empty = l.bucket.DropHeadWhile(expired) // the departure loop: O(expired)
+	} else {
+		removed, empty = l.bucket.RemoveIf(expired)
+	}
 	if len(removed) == 0 {
 		return false
 	}

@@ -198,6 +198,26 @@ func (b *Bucket) RemoveIf(drop func(*Message) bool) (removed []*Message, nowEmpt
 	return removed, nowEmpty
 }
 
+// DropHeadWhile removes messages from the head while drop reports true for
+// them, and returns them (oldest first) and whether the bucket is empty
+// afterwards. It stops at the first message drop keeps, so it costs what
+// it removes, not the bucket's depth. drop runs under the bucket's lock.
+func (b *Bucket) DropHeadWhile(drop func(*Message) bool) (removed []*Message, nowEmpty bool) {
+	b.mu.Lock()
+	for b.n > 0 && drop(b.ring[b.head]) {
+		removed = append(removed, b.ring[b.head])
+		b.ring[b.head] = nil
+		b.head = (b.head + 1) % len(b.ring)
+		b.n--
+	}
+	nowEmpty = b.n == 0
+	b.mu.Unlock()
+	if len(removed) > 0 {
+		notify(b.freed)
+	}
+	return removed, nowEmpty
+}
+
 // Each calls fn for every waiting message, oldest first, under the bucket's
 // lock: fn must be quick and must not call the bucket.
 func (b *Bucket) Each(fn func(*Message)) {

@@ -92,3 +92,24 @@ func TestBucketSetCapacityKeepsMessages(t *testing.T) {
 		t.Fatalf("reserve after growing = %d, want 6", k)
 	}
 }
+
+// TestBucketDropHeadWhile: it removes from the head only, stops at the first
+// message it keeps, and frees their slots.
+func TestBucketDropHeadWhile(t *testing.T) {
+	b := NewBucket(5)
+	for i := range 5 {
+		if _, err := b.Admit(&Message{StreamSeq: uint64(i)}, t0, false, 10, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, empty := b.DropHeadWhile(func(m *Message) bool { return m.StreamSeq != 2 && m.StreamSeq != 4 })
+	if len(removed) != 2 || removed[0].StreamSeq != 0 || removed[1].StreamSeq != 1 || empty {
+		t.Fatalf("removed %v (empty %v), want seq 0 and 1 and a bucket that is not empty", removed, empty)
+	}
+	if m := b.Peek(); m.StreamSeq != 2 || b.Len() != 3 || b.Free() != 2 {
+		t.Errorf("head %d, len %d, free %d; want 2, 3, 2", m.StreamSeq, b.Len(), b.Free())
+	}
+	if _, empty := b.DropHeadWhile(func(*Message) bool { return true }); !empty || b.Len() != 0 {
+		t.Error("dropping everything left messages")
+	}
+}

@@ -314,15 +314,6 @@ func (p *Pacer) interval(now time.Time) time.Duration {
 	return Limit(p.rate(now)).Interval()
 }
 
-// Interval returns the emission interval in force at now, 1 / RampRate.
-func (p *Pacer) Interval(now time.Time) time.Duration { return p.interval(now) }
-
-// Slack returns the configured slack, in departures.
-func (p *Pacer) Slack() int { return p.slack }
-
-// MinSpacing returns rate.min_spacing in force, in intervals.
-func (p *Pacer) MinSpacing() float64 { return p.minSpacing }
-
 // Pause holds departures until the instant until (inclusive of earlier
 // pauses: the later end wins). A pause in the past has no effect.
 func (p *Pacer) Pause(until time.Time) {
@@ -340,7 +331,7 @@ func (p *Pacer) PausedUntil() time.Time { return p.pausedUntil }
 func (p *Pacer) Next(now time.Time) time.Time {
 	iv := p.interval(now)
 	at := p.tat.Add(-p.credit())
-	if p.floored(iv) && !p.last.IsZero() {
+	if p.floored() && !p.last.IsZero() {
 		if floor := p.last.Add(time.Duration(p.minSpacing * float64(iv))); floor.After(at) {
 			at = floor
 		}
@@ -362,7 +353,7 @@ func (p *Pacer) Next(now time.Time) time.Time {
 // interval instead of the 55–75 µs the windows allow without it, which on
 // this machine halved the rate lost to late wake-ups at 5,000–10,000/s
 // (−0.8 % instead of −1.6 % at 5,000/s beside a CPU hog, bench long-run).
-func (p *Pacer) floored(time.Duration) bool {
+func (p *Pacer) floored() bool {
 	return p.slack == 0
 }
 
@@ -386,7 +377,7 @@ func (p *Pacer) Depart(ready, now time.Time) {
 		base = ready
 	}
 	lag := MakeUpLag(iv, p.slack, p.minSpacing)
-	if !p.floored(iv) {
+	if !p.floored() {
 		// During warmup the interval is longer than the limit's; without
 		// the floor, a lag in those longer intervals would be a burst in
 		// the limit's, so the limit's make-up is the most.
@@ -397,13 +388,6 @@ func (p *Pacer) Depart(ready, now time.Time) {
 	}
 	p.tat = base.Add(iv)
 	p.last = now
-}
-
-// Lag returns how far the schedule lags behind now (lateness still to be
-// made up), 0 when it does not. For the pacing metrics.
-func (p *Pacer) Lag(now time.Time) time.Duration {
-	iv := p.interval(now)
-	return max(0, now.Sub(p.tat.Add(-iv)))
 }
 
 // Wire records that the departure which left at departed actually reached
