@@ -5,7 +5,6 @@ package sinks_test
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -16,9 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shaper-dev/shaper/shaper/shapertest"
-
 	"golang.org/x/sys/unix"
+
+	"github.com/shaper-dev/shaper/internal/kstamp"
+	"github.com/shaper-dev/shaper/shaper/shapertest"
 )
 
 // wireProxy is a TCP proxy between NATS clients and a NATS server that
@@ -180,88 +180,31 @@ func (p *wireProxy) accept() {
 	}
 }
 
-// stampReader reads a TCP connection with recvmsg and returns with each
-// read the kernel receive time of the segment its data starts with.
-type stampReader struct {
-	raw interface {
-		Read(func(fd uintptr) bool) error
-	}
-	oob []byte
-}
+// stampReader reads a TCP connection and returns with each read the kernel
+// receive time of the segment its data starts with (internal/kstamp, with
+// quick acks so that this reader's lag does not change how the client
+// sends).
+type stampReader struct{ r *kstamp.Reader }
 
 func newStampReader(c *net.TCPConn) (*stampReader, error) {
-	raw, err := c.SyscallConn()
+	r, err := kstamp.NewReader(c, kstamp.QuickAck())
 	if err != nil {
 		return nil, err
 	}
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1)
-	}); err != nil {
-		return nil, err
-	}
-	if serr != nil {
-		return nil, serr
-	}
-	return &stampReader{raw: raw, oob: make([]byte, unix.CmsgSpace(16)*2)}, nil
+	return &stampReader{r: r}, nil
 }
 
-// read reads into b. The stamp is the arrival of the first segment read
-// (time.Now() if the kernel gave none).
-func (r *stampReader) read(b []byte) (int, time.Time, error) {
-	var n, oobn int
-	var rerr error
-	var one [1]byte
-	err := r.raw.Read(func(fd uintptr) bool {
-		for {
-			_, oobn, _, _, rerr = unix.Recvmsg(int(fd), one[:], r.oob, unix.MSG_PEEK)
-			if rerr != unix.EINTR {
-				break
-			}
-		}
-		if rerr == unix.EAGAIN {
-			return false // nothing queued: wait for the poller
-		}
-		if rerr != nil {
-			return true
-		}
-		for {
-			n, rerr = unix.Read(int(fd), b)
-			if rerr != unix.EINTR {
-				break
-			}
-		}
-		// Acknowledge every segment at once, not when this reader gets
-		// round to the data: a delayed ACK holds the client's congestion
-		// window shut, and its kernel then sends what queued meanwhile as
-		// one segment — a clump this proxy would have made, not the client.
-		// (Quick-ack mode does not stick; it is set again after each read.)
-		_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1)
-		return rerr != unix.EAGAIN
-	})
-	if err == nil {
-		err = rerr
-	}
+// read reads into b. The stamp is the arrival of the first segment read;
+// a read the kernel did not stamp is an error (time.Now() with it).
+func (s *stampReader) read(b []byte) (int, time.Time, error) {
+	n, err := s.r.Read(b)
 	if err != nil {
 		return 0, time.Time{}, err
 	}
-	if n <= 0 {
-		return 0, time.Time{}, io.EOF
-	}
-	stamp := time.Time{}
-	if msgs, perr := unix.ParseSocketControlMessage(r.oob[:oobn]); perr == nil {
-		for _, m := range msgs {
-			if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SCM_TIMESTAMPNS && len(m.Data) >= 16 {
-				sec := int64(binary.NativeEndian.Uint64(m.Data[0:8]))
-				nsec := int64(binary.NativeEndian.Uint64(m.Data[8:16]))
-				stamp = time.Unix(sec, nsec)
-			}
-		}
-	}
-	if stamp.IsZero() {
+	if !s.r.Kernel() {
 		return n, time.Now(), errors.New("proxy: no SO_TIMESTAMPNS stamp on a read")
 	}
-	return n, stamp, nil
+	return n, s.r.Last(), nil
 }
 
 // pubScanner follows the client side of the NATS protocol (control lines

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/shaper-dev/shaper/internal/kstamp"
 )
 
 // rigidServer is the demo's downstream: a minimal HTTP/1.1 server (keep-alive,
@@ -129,3 +131,11 @@ func (s *rigidServer) conn(c *net.TCPConn) {
 		}
 	}
 }
+
+// listenTimestamped listens on addr with kernel receive timestamps on
+// (internal/kstamp), so the rigid downstream judges arrivals, not handlers.
+func listenTimestamped(addr string) (net.Listener, error) { return kstamp.Listen(addr) }
+
+// newStampedReader stamps each read of c with the kernel receive time of
+// its first byte (internal/kstamp).
+func newStampedReader(c *net.TCPConn) (stampedReader, error) { return kstamp.NewReader(c) }
