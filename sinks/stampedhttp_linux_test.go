@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,49 +56,16 @@ type httpArrival struct {
 // A process of its own, so that its reads compete with the lane and the
 // sink only for the CPU, not for the Go scheduler of the process under test.
 type stampedHTTPProcess struct {
-	cmd     *exec.Cmd
-	stdin   io.WriteCloser
-	out     *bufio.Reader
-	addr    string
-	stopped bool
+	*testProcess
+	addr string
 }
 
 // startStampedHTTPProcess starts the downstream process; Stop returns what
 // it saw. The process is killed on cleanup (and if this one dies).
 func startStampedHTTPProcess(t *testing.T) *stampedHTTPProcess {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHTTPWireServerProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envStampedHTTP+"=1")
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("downstream process: %v", err)
-	}
-	p := &stampedHTTPProcess{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
-	t.Cleanup(func() {
-		if !p.stopped {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	for {
-		line, err := p.out.ReadString('\n')
-		if err != nil {
-			t.Fatalf("downstream process did not start: %v", err)
-		}
-		if addr, ok := strings.CutPrefix(strings.TrimSpace(line), "LISTEN "); ok {
-			p.addr = addr
-			return p
-		}
-	}
+	tp, addr := startTestProcess(t, "downstream", "TestHTTPWireServerProcess", envStampedHTTP+"=1")
+	return &stampedHTTPProcess{testProcess: tp, addr: addr}
 }
 
 // URL is the URL of the downstream.

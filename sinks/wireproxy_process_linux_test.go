@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -31,11 +29,8 @@ const (
 // read up to a few ms late (p99 0.2–2 ms), see wireProxy for what that does
 // to the stamps.
 type wireProxyProcess struct {
-	cmd     *exec.Cmd
-	stdin   io.WriteCloser
-	out     *bufio.Reader
-	url     string
-	stopped bool
+	*testProcess
+	url string
 }
 
 // startWireProxyProcess starts a proxy process in front of upstream that
@@ -43,38 +38,8 @@ type wireProxyProcess struct {
 // process is killed on cleanup (and if this one dies).
 func startWireProxyProcess(t *testing.T, upstream, subject string) *wireProxyProcess {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestNATSWireProxyProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envWireProxyUpstream+"="+upstream, envWireProxySubject+"="+subject)
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("proxy process: %v", err)
-	}
-	p := &wireProxyProcess{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
-	t.Cleanup(func() {
-		if !p.stopped {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	for {
-		line, err := p.out.ReadString('\n')
-		if err != nil {
-			t.Fatalf("proxy process did not start: %v", err)
-		}
-		if addr, ok := strings.CutPrefix(strings.TrimSpace(line), "LISTEN "); ok {
-			p.url = "nats://" + addr
-			return p
-		}
-	}
+	tp, addr := startTestProcess(t, "proxy", "TestNATSWireProxyProcess", envWireProxyUpstream+"="+upstream, envWireProxySubject+"="+subject)
+	return &wireProxyProcess{testProcess: tp, url: "nats://" + addr}
 }
 
 // URL is the nats:// URL clients connect to.
