@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -66,4 +67,31 @@ func StartEmbedded(listen, storeDir string) (*server.Server, error) {
 		return nil, fmt.Errorf("embedded nats on %s: not ready after 10s", listen)
 	}
 	return s, nil
+}
+
+// WaitAcksApplied waits up to timeout until no consumer of the embedded
+// server ns has acknowledgements queued or being applied, and reports
+// whether that happened. The flush before it only proves that the server
+// received the drain's acks and naks: a consumer queues them ("ackMsgs") and
+// applies them on its own goroutine, and a shutdown drops what is still
+// queued, so the handback nak of the last leftovers was lost and those
+// messages came back only after ack_wait (found by TestE2EDrainOnSIGTERM).
+func WaitAcksApplied(ns *server.Server, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		busy := false
+		// Without All, only queues with pending or in-progress work are listed.
+		for name := range *ns.Ipqueuesz(&server.IpqueueszOptions{Filter: "ackMsgs"}) {
+			if strings.HasSuffix(name, " ackMsgs") {
+				busy = true
+			}
+		}
+		if !busy {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

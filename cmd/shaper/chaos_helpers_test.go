@@ -37,6 +37,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shaper-dev/shaper/cmd/shaper/internal/daemon"
 	"github.com/shaper-dev/shaper/drain"
 	"github.com/shaper-dev/shaper/sources"
 )
@@ -526,7 +527,7 @@ func (r *chaosRig) deadLetters() map[string]*deadLetter {
 	out := map[string]*deadLetter{}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := r.js.Stream(ctx, deadStream)
+	s, err := r.js.Stream(ctx, daemon.DeadStream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return out
 	}

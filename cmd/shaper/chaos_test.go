@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/shaper-dev/shaper/cmd/shaper/internal/daemon"
 )
 
 // fastLane is the lane most scenarios use: 200/s, 8 tasks at once, short
@@ -446,7 +447,7 @@ func TestChaosDeadLetterPublishFails(t *testing.T) {
 	r := newChaosRig(t, lane, down)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	deadCfg := jetstream.StreamConfig{Name: deadStream, Subjects: []string{deadSubjects}, Storage: jetstream.FileStorage,
+	deadCfg := jetstream.StreamConfig{Name: daemon.DeadStream, Subjects: []string{daemon.DeadSubjects}, Storage: jetstream.FileStorage,
 		MaxMsgs: 1, Discard: jetstream.DiscardNew}
 	if _, err := r.js.CreateStream(ctx, deadCfg); err != nil {
 		t.Fatal(err)

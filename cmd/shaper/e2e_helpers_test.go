@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shaper-dev/shaper/cmd/shaper/internal/daemon"
+	"github.com/shaper-dev/shaper/internal/kstamp"
 	"github.com/shaper-dev/shaper/shaper/shapertest"
 
 	"github.com/nats-io/nats.go"
@@ -39,12 +41,12 @@ import (
 // edges of a window. A stamp is what a remote downstream would see at its
 // network card, so the rate windows are judged at their exact bound.
 
-// stampedConn is an accepted connection read through newStampedReader. It
+// stampedConn is an accepted connection read through kstamp.NewReader. It
 // keeps the arrival of the request being served: the stamp of the first
 // read after the previous request on the connection was answered.
 type stampedConn struct {
 	net.Conn // an interface, not *net.TCPConn: nothing reads past Read (WriteTo)
-	r        stampedReader
+	r        *kstamp.Reader
 
 	mu    sync.Mutex
 	armed bool      // the next read starts a request
@@ -87,7 +89,7 @@ func (l stampedListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := newStampedReader(c.(*net.TCPConn))
+	r, err := kstamp.NewReader(c.(*net.TCPConn))
 	if err != nil {
 		_ = c.Close()
 		return nil, err
@@ -113,7 +115,7 @@ func newStampedServer(t *testing.T, h func(w http.ResponseWriter, r *http.Reques
 		defer c.rearm()
 		h(w, r, at)
 	}))
-	ln, err := listenTimestamped("127.0.0.1:0")
+	ln, err := kstamp.Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +374,7 @@ func (s *syncBuffer) String() string {
 
 // testDaemon is a daemon started in the test process.
 type testDaemon struct {
-	*daemon
+	*daemon.Daemon
 	cfg     *config.Config
 	logs    *syncBuffer
 	drained bool
@@ -391,20 +393,19 @@ func startDaemon(t *testing.T, cfgText string) *testDaemon {
 		t.Logf("config warning: %s", w)
 	}
 	logs := &syncBuffer{}
-	d := newDaemon(cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	d.stdout = io.Discard
-	td := &testDaemon{daemon: d, cfg: cfg, logs: logs}
+	d := daemon.New(cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), io.Discard)
+	td := &testDaemon{Daemon: d, cfg: cfg, logs: logs}
 	t.Cleanup(func() {
 		if !td.drained {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			td.drain(ctx)
+			td.Drain(ctx)
 			cancel()
 		}
 		if t.Failed() {
 			t.Logf("daemon logs:\n%s", logs.String())
 		}
 	})
-	if err := d.start(context.Background()); err != nil {
+	if err := d.Start(context.Background()); err != nil {
 		t.Fatalf("start: %v", err)
 	}
 	return td
@@ -414,7 +415,7 @@ func startDaemon(t *testing.T, cfgText string) *testDaemon {
 func (td *testDaemon) stop(timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	td.drain(ctx)
+	td.Drain(ctx)
 	td.drained = true
 }
 

@@ -17,8 +17,8 @@ func TestE2EMaxAgeWhilePaused(t *testing.T) {
 	})
 	d := startDaemon(t, laneYAML(t, "{ capacity: 100, max_age: 3s }", "{ limit: 10/s }",
 		"{ timeout: 5s, max_in_flight: 8 }", down.srv.URL))
-	waitReady(t, d.adminAddr(), 10*time.Second)
-	js := connectJS(t, d.natsURL())
+	waitReady(t, d.AdminAddr(), 10*time.Second)
+	js := connectJS(t, d.NATSURL())
 	published := time.Now()
 	keys := publishBurst(t, js, "e2e.sem.job", 20)
 	time.Sleep(time.Until(published.Add(5 * time.Second)))

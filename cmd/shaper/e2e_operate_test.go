@@ -117,11 +117,11 @@ func TestE2ESecretNotExposed(t *testing.T) {
 	t.Setenv("SHAPER_TEST_TOKEN", secret)
 	down := newScripted(t, nil)
 	d := startDaemon(t, operateConfig("127.0.0.1:0", filepath.Join(t.TempDir(), "nats"), "127.0.0.1:0", "100/s", down.srv.URL, false))
-	waitReady(t, d.adminAddr(), 10*time.Second)
-	js := connectJS(t, d.natsURL())
+	waitReady(t, d.AdminAddr(), 10*time.Second)
+	js := connectJS(t, d.NATSURL())
 	publishBurst(t, js, "e2e.ops.job", 5)
 	down.waitDelivered(t, 5, 10*time.Second)
-	_, body, err := httpGet("http://" + d.adminAddr() + "/metrics")
+	_, body, err := httpGet("http://" + d.AdminAddr() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -148,8 +148,8 @@ func TestE2EColdStartWarmup(t *testing.T) {
 	down := newScripted(t, nil)
 	d := startDaemon(t, laneYAML(t, "{ capacity: 1000 }", "{ limit: 100/s, warmup: { period: 4s, cold_factor: 4 } }",
 		"{ timeout: 5s, max_in_flight: 8 }", down.srv.URL))
-	waitReady(t, d.adminAddr(), 10*time.Second)
-	js := connectJS(t, d.natsURL())
+	waitReady(t, d.AdminAddr(), 10*time.Second)
+	js := connectJS(t, d.NATSURL())
 	publishBurst(t, js, "e2e.sem.job", 600)
 	down.waitDelivered(t, 600, 30*time.Second)
 	calls := down.snapshot()
@@ -216,8 +216,8 @@ func TestE2ERejectOverflow(t *testing.T) {
 	down := newScripted(t, nil)
 	d := startDaemon(t, laneYAML(t, "{ capacity: 20, overflow: reject, max_wait: 1500ms }", "{ limit: 10/s }",
 		"{ timeout: 5s, max_in_flight: 8 }", down.srv.URL))
-	waitReady(t, d.adminAddr(), 10*time.Second)
-	js := connectJS(t, d.natsURL())
+	waitReady(t, d.AdminAddr(), 10*time.Second)
+	js := connectJS(t, d.NATSURL())
 	keys := publishBurst(t, js, "e2e.sem.job", 30)
 	time.Sleep(3 * time.Second)
 	ok := down.delivered()
@@ -242,7 +242,7 @@ func TestE2ERejectOverflow(t *testing.T) {
 			t.Errorf("%s delivered %d times", k, ok[k])
 		}
 	}
-	samples := scrape(t, d.adminAddr())
+	samples := scrape(t, d.AdminAddr())
 	m := metricValue(t, samples, "shaper_dead_letters_total", map[string]string{"lane": "sem", "reason": "max_wait"}) +
 		metricValue(t, samples, "shaper_dead_letters_total", map[string]string{"lane": "sem", "reason": "overflow"})
 	if int(m) != len(dl) {
@@ -267,8 +267,8 @@ func TestE2ERetryAfterPausesLane(t *testing.T) {
 		return 204, ""
 	})
 	d := startDaemon(t, laneYAML(t, "{ capacity: 1000 }", "{ limit: 50/s }", "{ timeout: 5s, max_in_flight: 8 }", down.srv.URL))
-	waitReady(t, d.adminAddr(), 10*time.Second)
-	js := connectJS(t, d.natsURL())
+	waitReady(t, d.AdminAddr(), 10*time.Second)
+	js := connectJS(t, d.NATSURL())
 	publishBurst(t, js, "e2e.sem.job", 250)
 	down.waitDelivered(t, 250, 30*time.Second)
 	calls := down.snapshot()
@@ -307,7 +307,7 @@ func TestE2ERetryAfterPausesLane(t *testing.T) {
 	}
 	assertRate(t, "1s windows", ts, time.Second, 51) // G1 and G2: the pause earns no credit
 	worst, _ := maxInWindow(ts, time.Second)
-	if v := metricValue(t, scrape(t, d.adminAddr()), "shaper_retries_total", map[string]string{"lane": "sem", "reason": "rate_limited"}); v != 1 {
+	if v := metricValue(t, scrape(t, d.AdminAddr()), "shaper_retries_total", map[string]string{"lane": "sem", "reason": "rate_limited"}); v != 1 {
 		t.Errorf("retries{rate_limited} = %v, want 1", v)
 	}
 	t.Logf("429 at %v; next request %v later; worst 1s window %d (bound 51)", pausedAt, next.Sub(t429), worst)
@@ -323,8 +323,8 @@ func TestE2EBadRequestDeadLetters(t *testing.T) {
 		return 204, ""
 	})
 	d := startDaemon(t, laneYAML(t, "{ capacity: 100 }", "{ limit: 100/s }", "{ timeout: 5s, max_in_flight: 8 }", down.srv.URL))
-	waitReady(t, d.adminAddr(), 10*time.Second)
-	js := connectJS(t, d.natsURL())
+	waitReady(t, d.AdminAddr(), 10*time.Second)
+	js := connectJS(t, d.NATSURL())
 	publishBurst(t, js, "e2e.sem.job", 20)
 	down.waitDelivered(t, 19, 10*time.Second)
 	dl := deadLetters(t, js, 1, 5*time.Second)
@@ -360,8 +360,8 @@ downstreams:
     sink: { kind: http, url: %q }
 `, filepath.Join(t.TempDir(), "nats"), down.srv.URL, down.srv.URL)
 	d := startDaemon(t, cfg)
-	waitReady(t, d.adminAddr(), 10*time.Second)
-	js := connectJS(t, d.natsURL())
+	waitReady(t, d.AdminAddr(), 10*time.Second)
+	js := connectJS(t, d.NATSURL())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, subj := range []string{"shared.pay.1", "shared.refund.1"} {

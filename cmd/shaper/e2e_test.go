@@ -46,14 +46,14 @@ func TestE2EBurstShapedAt100(t *testing.T) {
 	lane := laneSpec{name: "burst", stream: "E2E_BURST", limit: "100/s", capacity: 1000, maxInFlight: 8,
 		timeout: "5s", backoff: "[1s, 5s, 30s]", sinkURL: downURL}
 	d := startDaemon(t, configYAML("127.0.0.1:0", filepath.Join(t.TempDir(), "nats"), "127.0.0.1:0", "5s", lane))
-	waitReady(t, d.adminAddr(), 10*time.Second)
-	js := connectJS(t, d.natsURL())
+	waitReady(t, d.AdminAddr(), 10*time.Second)
+	js := connectJS(t, d.NATSURL())
 
 	const n = 300
 	keys := publishBurst(t, js, lane.subject(), n)
 	down.waitDistinct(t, n, 30*time.Second)
 
-	if code, body, err := httpGet("http://" + d.adminAddr() + "/readyz"); err != nil || code != http.StatusOK {
+	if code, body, err := httpGet("http://" + d.AdminAddr() + "/readyz"); err != nil || code != http.StatusOK {
 		t.Errorf("/readyz while running: code %d, body %q, err %v; want 200", code, strings.TrimSpace(body), err)
 	}
 
@@ -86,7 +86,7 @@ func TestE2EBurstShapedAt100(t *testing.T) {
 
 	waitConsumerSettled(t, js, lane.stream, "shaper-"+lane.name, 5*time.Second)
 
-	samples := scrape(t, d.adminAddr())
+	samples := scrape(t, d.AdminAddr())
 	if v := metricValue(t, samples, "shaper_departures_total", map[string]string{"lane": lane.name}); v != n {
 		t.Errorf("shaper_departures_total{lane=%q} = %v, want %d", lane.name, v, n)
 	}
@@ -202,8 +202,8 @@ func TestE2EHangingSinkTimesOut(t *testing.T) {
 	lane := laneSpec{name: "hang", stream: "E2E_HANG", limit: "20/s", capacity: 1000, maxInFlight: 4,
 		timeout: "300ms", backoff: "[500ms]", sinkURL: down.url()}
 	d := startDaemon(t, configYAML("127.0.0.1:0", filepath.Join(t.TempDir(), "nats"), "127.0.0.1:0", "5s", lane))
-	waitReady(t, d.adminAddr(), 10*time.Second)
-	js := connectJS(t, d.natsURL())
+	waitReady(t, d.AdminAddr(), 10*time.Second)
+	js := connectJS(t, d.NATSURL())
 	keys := publishBurst(t, js, lane.subject(), n)
 	down.waitDistinct(t, n, 20*time.Second)
 
@@ -248,7 +248,7 @@ func TestE2EHangingSinkTimesOut(t *testing.T) {
 		t.Errorf("%s reached the downstream %d times, want 2 (hang, then the retry)", hangKey, a)
 	}
 	waitConsumerSettled(t, js, lane.stream, "shaper-"+lane.name, 5*time.Second)
-	samples := scrape(t, d.adminAddr())
+	samples := scrape(t, d.AdminAddr())
 	if v := metricValue(t, samples, "shaper_task_duration_seconds_count",
 		map[string]string{"lane": lane.name, "outcome": "timeout"}); v < 1 {
 		t.Errorf("shaper_task_duration_seconds_count{outcome=\"timeout\"} = %v, want ≥ 1", v)

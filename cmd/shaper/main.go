@@ -4,22 +4,17 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
-	"path/filepath"
 	"runtime/debug"
 	"strings"
-	"syscall"
-	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"github.com/spf13/cobra"
 
+	"github.com/shaper-dev/shaper/cmd/shaper/internal/daemon"
 	"github.com/shaper-dev/shaper/config"
 )
 
@@ -146,8 +141,7 @@ func runCmd(stdout, stderr io.Writer) *cobra.Command {
 			for _, w := range warns {
 				log.Warn("config warning", "problem", w.String())
 			}
-			d := newDaemon(cfg, log)
-			d.stdout = stdout
+			d := daemon.New(cfg, log, stdout)
 			path, _ := cmd.Flags().GetString("config")
 			if path == "" {
 				path = config.DefaultPath
@@ -159,107 +153,14 @@ func runCmd(stdout, stderr io.Writer) *cobra.Command {
 				}
 				return cfg, err
 			}
-			return serve(d, log, path, reload)
+			if err := daemon.Serve(d, log, path, reload); err != nil {
+				return &exitError{code: exitFailure, err: err}
+			}
+			return nil
 		},
 	}
 	addConfigFlags(cmd)
 	return cmd
-}
-
-// serve starts d and runs it until SIGTERM or SIGINT, then drains: a second
-// signal skips to the nak-and-exit step (SPEC §3, Drain). SIGHUP, or a change
-// of the config file at path, reloads the configuration (issue 6).
-func serve(d *daemon, log *slog.Logger, path string, reload func() (*config.Config, error)) error {
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	defer signal.Stop(sigs)
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	if err := d.start(context.Background()); err != nil {
-		return &exitError{code: exitFailure, err: fmt.Errorf("shaper: start: %w", err)}
-	}
-	changed, stopWatch := watchFile(path, log)
-	defer stopWatch()
-	var sig os.Signal
-	for sig == nil {
-		select {
-		case sig = <-sigs:
-		case <-hup:
-			applyReload(d, log, "SIGHUP", reload)
-		case <-changed:
-			applyReload(d, log, "file changed", reload)
-		}
-	}
-	log.Info("signal received: draining", "signal", sig.String(), "drain_timeout", d.cfg.Shutdown.DrainTimeout)
-	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Shutdown.DrainTimeout)
-	defer cancel()
-	go func() {
-		select {
-		case s := <-sigs:
-			log.Warn("second signal: handing the rest back now", "signal", s.String())
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	sum := d.drain(ctx)
-	log.Info("shaper stopped", "delivered", sum.Delivered, "nacked", sum.Nacked,
-		"dead_lettered", sum.DeadLettered, "handed_back", sum.Leftovers)
-	return nil
-}
-
-func applyReload(d *daemon, log *slog.Logger, why string, reload func() (*config.Config, error)) {
-	cfg, err := reload()
-	if err != nil {
-		log.Error("reload rejected: the running configuration stays", "trigger", why, "err", err)
-		return
-	}
-	log.Info("reloading configuration", "trigger", why)
-	d.reload(context.Background(), cfg)
-}
-
-// watchFile reports changes of the file at path (writes, or an editor's or
-// a Kubernetes ConfigMap's rename-into-place), debounced by 200 ms. It
-// watches the directory, since a rename replaces the file's inode.
-func watchFile(path string, log *slog.Logger) (<-chan struct{}, func()) {
-	out := make(chan struct{}, 1)
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		log.Warn("config file not watched: reload with SIGHUP", "err", err)
-		return out, func() {}
-	}
-	abs, _ := filepath.Abs(path)
-	if err := w.Add(filepath.Dir(abs)); err != nil {
-		log.Warn("config file not watched: reload with SIGHUP", "err", err)
-		w.Close()
-		return out, func() {}
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		var debounce <-chan time.Time
-		for {
-			select {
-			case ev, ok := <-w.Events:
-				if !ok {
-					return
-				}
-				if filepath.Clean(ev.Name) == abs || filepath.Base(ev.Name) == "..data" {
-					debounce = time.After(200 * time.Millisecond)
-				}
-			case _, ok := <-w.Errors:
-				if !ok {
-					return
-				}
-			case <-debounce:
-				select {
-				case out <- struct{}{}:
-				default:
-				}
-			}
-		}
-	}()
-	return out, func() { w.Close(); <-done }
 }
 
 func versionCmd(stdout io.Writer) *cobra.Command {

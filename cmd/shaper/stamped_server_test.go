@@ -15,12 +15,14 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/shaper-dev/shaper/internal/kstamp"
 )
 
 // TestStampedReaderLateRead: data read 100 ms after it arrived on a fresh
 // connection is stamped with its arrival, not with the read.
 func TestStampedReaderLateRead(t *testing.T) {
-	ln, err := listenTimestamped("127.0.0.1:0")
+	ln, err := kstamp.Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +37,7 @@ func TestStampedReaderLateRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	r, err := newStampedReader(c.(*net.TCPConn))
+	r, err := kstamp.NewReader(c.(*net.TCPConn))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"bytes"
@@ -50,13 +50,6 @@ func (s *rigidServer) judge(at time.Time) bool {
 	return true
 }
 
-// stampedReader reads a connection and tells when the last read's data
-// arrived.
-type stampedReader interface {
-	Read(p []byte) (int, error)
-	Last() time.Time
-}
-
 func (s *rigidServer) serve(ln net.Listener) {
 	for {
 		c, err := ln.Accept()
@@ -69,7 +62,7 @@ func (s *rigidServer) serve(ln net.Listener) {
 
 func (s *rigidServer) conn(c *net.TCPConn) {
 	defer c.Close()
-	r, err := newStampedReader(c)
+	r, err := kstamp.NewReader(c)
 	if err != nil {
 		return
 	}
@@ -131,11 +124,3 @@ func (s *rigidServer) conn(c *net.TCPConn) {
 		}
 	}
 }
-
-// listenTimestamped listens on addr with kernel receive timestamps on
-// (internal/kstamp), so the rigid downstream judges arrivals, not handlers.
-func listenTimestamped(addr string) (net.Listener, error) { return kstamp.Listen(addr) }
-
-// newStampedReader stamps each read of c with the kernel receive time of
-// its first byte (internal/kstamp).
-func newStampedReader(c *net.TCPConn) (stampedReader, error) { return kstamp.NewReader(c) }

@@ -1,4 +1,7 @@
-package main
+// Package daemon wires a validated configuration into running lanes: NATS
+// (embedded or external), one source, sink and lane per downstream, the
+// admin endpoint, and the reload policy. cmd/shaper starts it.
+package daemon
 
 import (
 	"context"
@@ -8,8 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -21,8 +22,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/shaper-dev/shaper/cmd/shaper/internal/admin"
 	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/drain"
 	"github.com/shaper-dev/shaper/metrics"
@@ -31,15 +32,16 @@ import (
 	"github.com/shaper-dev/shaper/sources"
 )
 
-// deadStream is the stream the daemon creates to capture dead letters.
+// DeadStream is the stream the daemon creates to capture dead letters, on
+// DeadSubjects (the default dead_letter.subject is shaper.dead.<lane>).
 const (
-	deadStream   = "SHAPER_DEAD"
-	deadSubjects = "shaper.dead.>"
+	DeadStream   = "SHAPER_DEAD"
+	DeadSubjects = "shaper.dead.>"
 )
 
-// daemon wires a validated configuration into running lanes: NATS (embedded
+// Daemon wires a validated configuration into running lanes: NATS (embedded
 // or external), one source, sink and lane per downstream, the admin endpoint.
-type daemon struct {
+type Daemon struct {
 	cfg    *config.Config
 	log    *slog.Logger
 	reg    *prometheus.Registry
@@ -61,18 +63,20 @@ type daemon struct {
 	draining atomic.Bool
 }
 
-func newDaemon(cfg *config.Config, log *slog.Logger) *daemon {
+// New returns a daemon for cfg (already validated); stdout receives what a
+// log sink prints. Nothing starts before Start.
+func New(cfg *config.Config, log *slog.Logger, stdout io.Writer) *Daemon {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return &daemon{cfg: cfg, log: log, reg: reg, m: metrics.New(reg), stdout: os.Stdout,
+	return &Daemon{cfg: cfg, log: log, reg: reg, m: metrics.New(reg), stdout: stdout,
 		waiter: drain.NewPreciseWaiter}
 }
 
-// start brings everything up; on error it tears down what it started.
-func (d *daemon) start(ctx context.Context) (err error) {
+// Start brings everything up; on error it tears down what it started.
+func (d *Daemon) Start(ctx context.Context) (err error) {
 	defer func() {
 		if err != nil {
-			d.close()
+			d.Close()
 		}
 	}()
 	// Every series of every lane exists before /metrics answers (SPEC §6).
@@ -83,17 +87,7 @@ func (d *daemon) start(ctx context.Context) (err error) {
 	if d.adminLn, err = net.Listen("tcp", d.cfg.Admin.Listen); err != nil {
 		return fmt.Errorf("admin.listen %s: %w", d.cfg.Admin.Listen, err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if why := d.notReady(); why != "" {
-			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
-	d.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	d.admin = &http.Server{Handler: admin.NewHandler(d.reg, d), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = d.admin.Serve(d.adminLn) }()
 	d.log.Info("admin listening", "addr", d.adminLn.Addr().String())
 
@@ -111,7 +105,7 @@ func (d *daemon) start(ctx context.Context) (err error) {
 	if d.js, err = jetstream.New(d.nc); err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	if err := sources.EnsureStream(ctx, d.js, deadStream, []string{deadSubjects}); err != nil {
+	if err := sources.EnsureStream(ctx, d.js, DeadStream, []string{DeadSubjects}); err != nil {
 		return fmt.Errorf("dead-letter stream: %w", err)
 	}
 	names := make([]string, 0, len(d.cfg.Downstreams))
@@ -149,7 +143,7 @@ type laneRec struct {
 
 // newLane creates (but does not start) the lane name: its dead-letter
 // stream when its subject has none, source, sink and lane.
-func (d *daemon) newLane(ctx context.Context, name string, lc config.Lane) (*laneRec, error) {
+func (d *Daemon) newLane(ctx context.Context, name string, lc config.Lane) (*laneRec, error) {
 	d.m.Lane(name, float64(lc.Rate.Limit)) // its series exist even when it fails to start (SPEC §6)
 	// A dead_letter.subject outside shaper.dead.> needs a stream of its own,
 	// or every dead letter would fail and be retried forever.
@@ -195,16 +189,10 @@ func (d *daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 	return &laneRec{cfg: lc, lane: lane, src: src, sink: sink}, nil
 }
 
-func closeSink(s drain.Sink) {
-	if c, ok := s.(interface{ Close() error }); ok {
-		_ = c.Close()
-	}
-}
-
 // startRedis creates the client of global rates (SPEC §3). Redis being
 // unreachable at start is not fatal: global lanes begin in the local
 // fallback and join the shared schedule when it answers.
-func (d *daemon) startRedis(ctx context.Context) error {
+func (d *Daemon) startRedis(ctx context.Context) error {
 	r, err := redisslots.NewRedisSlots(d.cfg.Redis, redisslots.WithRedisLogger(d.log))
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
@@ -223,36 +211,8 @@ func (d *daemon) startRedis(ctx context.Context) error {
 	return nil
 }
 
-func (d *daemon) newSink(sc config.Sink, maxInFlight int) (drain.Sink, error) {
-	build, ok := sinkKinds[sc.Kind]
-	if !ok {
-		return nil, fmt.Errorf("unknown sink kind %q", sc.Kind)
-	}
-	return build(d, sc, maxInFlight)
-}
-
-// sinkKinds builds a lane's sink by sink.kind: adding a kind is its file in
-// sinks/, its keys in config, and one row here (docs/architecture.md).
-var sinkKinds = map[string]func(d *daemon, sc config.Sink, maxInFlight int) (drain.Sink, error){
-	config.SinkHTTP: func(d *daemon, sc config.Sink, maxInFlight int) (drain.Sink, error) {
-		s, err := sinks.NewHTTP(sinks.HTTPConfig{URL: sc.URL, Method: sc.Method, Headers: sc.Headers,
-			SuccessStatus: sc.SuccessStatus, RetryableStatus: sc.RetryableStatus},
-			sinks.WithLogger(d.log), sinks.WithMaxIdleConnsPerHost(max(sinks.DefaultMaxIdleConnsPerHost, maxInFlight)))
-		if err != nil {
-			return nil, err
-		}
-		return s, nil
-	},
-	config.SinkNATS: func(d *daemon, sc config.Sink, _ int) (drain.Sink, error) {
-		return sinks.NewNATS(d.js, sc.Subject), nil
-	},
-	config.SinkLog: func(d *daemon, _ config.Sink, _ int) (drain.Sink, error) {
-		return sinks.NewLog(d.stdout), nil
-	},
-}
-
-// notReady returns why the daemon is not ready, or "" (SPEC §6 /readyz).
-func (d *daemon) notReady() string {
+// NotReady returns why the daemon is not ready, or "" (SPEC §6 /readyz).
+func (d *Daemon) NotReady() string {
 	switch {
 	case d.draining.Load():
 		return "draining"
@@ -277,108 +237,18 @@ func (d *daemon) notReady() string {
 	return ""
 }
 
-// reload applies a new configuration (SIGHUP or a change of the file,
-// issue 6): lanes whose settings can change in place are updated (rate,
-// slack, warmup, capacity, timeouts, retries, max_in_flight, sink); a lane
-// whose source or overflow mode changed is drained and started anew; new
-// lanes start; removed lanes drain gracefully. Nothing held is nak'd by an
-// in-place update. An invalid configuration changes nothing: its problems
-// are logged and the running one stays. Settings outside downstreams (NATS,
-// admin, log, shutdown, redis) need a restart; a change there is logged.
-func (d *daemon) reload(ctx context.Context, cfg *config.Config) {
-	if d.draining.Load() {
-		return
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	old := d.cfg
-	if !reflect.DeepEqual(old.NATS, cfg.NATS) || old.Admin != cfg.Admin || old.Log != cfg.Log ||
-		old.Shutdown != cfg.Shutdown || !reflect.DeepEqual(old.Redis, cfg.Redis) {
-		d.log.Warn("reload: changes outside downstreams need a restart; they were not applied")
-	}
-	drainTimeout := old.Shutdown.DrainTimeout
-	retire := func(name string, rec *laneRec, why string) {
-		d.log.Info("reload: draining lane", "lane", name, "why", why)
-		d.retired.Add(1)
-		go func() {
-			defer d.retired.Done()
-			dctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
-			defer cancel()
-			rec.lane.Drain(dctx)
-			closeSink(rec.sink)
-		}()
-	}
-	d.failed = map[string]string{} // retried below with the new configuration
-	for name, rec := range d.lanes {
-		lc, ok := cfg.Downstreams[name]
-		if !ok {
-			delete(d.lanes, name)
-			retire(name, rec, "removed from the configuration")
-			d.m.Remove(name)
-			continue
-		}
-		if reflect.DeepEqual(rec.cfg, lc) {
-			continue
-		}
-		err := rec.lane.Update(lc)
-		if errors.Is(err, drain.ErrRestartNeeded) {
-			// The replacement must not fetch before the old lane handed its
-			// messages back: drain first, then start the new one.
-			d.log.Info("reload: lane restarts (source, overflow or dead-letter changed)", "lane", name)
-			dctx, cancel := context.WithTimeout(ctx, drainTimeout)
-			rec.lane.Drain(dctx)
-			cancel()
-			closeSink(rec.sink)
-			nrec, err := d.newLane(ctx, name, lc)
-			if err != nil {
-				d.log.Error("reload: lane could not restart", "lane", name, "err", err)
-				delete(d.lanes, name)
-				d.failed[name] = err.Error()
-				continue
-			}
-			d.lanes[name] = nrec
-			nrec.lane.Start()
-			continue
-		}
-		if !reflect.DeepEqual(rec.cfg.Sink, lc.Sink) {
-			sink, err := d.newSink(lc.Sink, lc.Task.MaxInFlight)
-			if err != nil {
-				d.log.Error("reload: new sink rejected; the old one stays", "lane", name, "err", err)
-			} else {
-				old := rec.lane.SetSink(sink)
-				rec.sink = sink
-				go closeSink(old) // waits for the calls still running
-			}
-		}
-		rec.cfg = lc
-	}
-	for name, lc := range cfg.Downstreams {
-		if _, ok := d.lanes[name]; ok {
-			continue
-		}
-		rec, err := d.newLane(ctx, name, lc)
-		if err != nil {
-			d.log.Error("reload: new lane could not start (not ready until a reload fixes it)", "lane", name, "err", err)
-			d.failed[name] = err.Error()
-			continue
-		}
-		d.lanes[name] = rec
-		rec.lane.Start()
-		d.log.Info("reload: lane added", "lane", name)
-	}
-	d.cfg = cfg
-	d.log.Info("configuration reloaded", "lanes", len(d.lanes))
-}
+// AdminAddr returns the bound admin address (useful with port 0).
+func (d *Daemon) AdminAddr() string { return d.adminLn.Addr().String() }
 
-// adminAddr returns the bound admin address (useful with port 0).
-func (d *daemon) adminAddr() string { return d.adminLn.Addr().String() }
+// Metrics returns the daemon's metrics (the series of SPEC §6).
+func (d *Daemon) Metrics() *metrics.Metrics { return d.m }
 
-// natsURL returns the URL clients can publish to.
-func (d *daemon) natsURL() string { return d.nc.ConnectedUrl() }
+// NATSURL returns the URL clients can publish to.
+func (d *Daemon) NATSURL() string { return d.nc.ConnectedUrl() }
 
-// drain stops all lanes gracefully (SPEC §3, Drain) and closes everything.
+// Drain stops all lanes gracefully (SPEC §3, Drain) and closes everything.
 // ctx bounds the departing phase: the drain timeout, or a second signal.
-func (d *daemon) drain(ctx context.Context) drain.Summary {
+func (d *Daemon) Drain(ctx context.Context) drain.Summary {
 	d.draining.Store(true)
 	var (
 		mu    sync.Mutex
@@ -407,12 +277,12 @@ func (d *daemon) drain(ctx context.Context) drain.Summary {
 	}
 	wg.Wait()
 	d.retired.Wait()
-	d.close()
+	d.Close()
 	return total
 }
 
-// close flushes the acks to the server and closes every connection.
-func (d *daemon) close() {
+// Close flushes the acks to the server and closes every connection.
+func (d *Daemon) Close() {
 	if d.redis != nil {
 		_ = d.redis.Close()
 	}
@@ -423,7 +293,7 @@ func (d *daemon) close() {
 		d.nc.Close()
 	}
 	if d.ns != nil {
-		if !waitAcksApplied(d.ns, 2*time.Second) {
+		if !sources.WaitAcksApplied(d.ns, 2*time.Second) {
 			d.log.Warn("embedded nats still applying acks at shutdown: the last ones may be redelivered after ack_wait")
 		}
 		d.ns.Shutdown()
@@ -433,32 +303,5 @@ func (d *daemon) close() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = d.admin.Shutdown(ctx)
 		cancel()
-	}
-}
-
-// waitAcksApplied waits up to timeout until no consumer of the embedded
-// server ns has acknowledgements queued or being applied, and reports
-// whether that happened. The flush before it only proves that the server
-// received the drain's acks and naks: a consumer queues them ("ackMsgs") and
-// applies them on its own goroutine, and a shutdown drops what is still
-// queued, so the handback nak of the last leftovers was lost and those
-// messages came back only after ack_wait (found by TestE2EDrainOnSIGTERM).
-func waitAcksApplied(ns *server.Server, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		busy := false
-		// Without All, only queues with pending or in-progress work are listed.
-		for name := range *ns.Ipqueuesz(&server.IpqueueszOptions{Filter: "ackMsgs"}) {
-			if strings.HasSuffix(name, " ackMsgs") {
-				busy = true
-			}
-		}
-		if !busy {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

@@ -1,0 +1,34 @@
+// Package admin is the daemon's HTTP surface on admin.listen (SPEC §6):
+// /metrics, /healthz and /readyz, and the home of the admin API and console.
+package admin
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Backend is what the admin endpoints ask of the running daemon.
+type Backend interface {
+	// NotReady returns why the daemon is not ready, or "" when it is.
+	NotReady() string
+}
+
+// NewHandler returns the admin mux: reg's metrics at /metrics, liveness at
+// /healthz (always 200 while the process serves) and readiness at /readyz
+// (200, or 503 with the reason from b.NotReady).
+func NewHandler(reg *prometheus.Registry, b Backend) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if why := b.NotReady(); why != "" {
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}

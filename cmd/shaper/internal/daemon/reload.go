@@ -1,0 +1,208 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"reflect"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/drain"
+)
+
+// Reload applies a new configuration (SIGHUP or a change of the file,
+// issue 6): lanes whose settings can change in place are updated (rate,
+// slack, warmup, capacity, timeouts, retries, max_in_flight, sink); a lane
+// whose source or overflow mode changed is drained and started anew; new
+// lanes start; removed lanes drain gracefully. Nothing held is nak'd by an
+// in-place update. An invalid configuration changes nothing: its problems
+// are logged and the running one stays. Settings outside downstreams (NATS,
+// admin, log, shutdown, redis) need a restart; a change there is logged.
+func (d *Daemon) Reload(ctx context.Context, cfg *config.Config) {
+	if d.draining.Load() {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	old := d.cfg
+	if !reflect.DeepEqual(old.NATS, cfg.NATS) || old.Admin != cfg.Admin || old.Log != cfg.Log ||
+		old.Shutdown != cfg.Shutdown || !reflect.DeepEqual(old.Redis, cfg.Redis) {
+		d.log.Warn("reload: changes outside downstreams need a restart; they were not applied")
+	}
+	drainTimeout := old.Shutdown.DrainTimeout
+	retire := func(name string, rec *laneRec, why string) {
+		d.log.Info("reload: draining lane", "lane", name, "why", why)
+		d.retired.Add(1)
+		go func() {
+			defer d.retired.Done()
+			dctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+			defer cancel()
+			rec.lane.Drain(dctx)
+			closeSink(rec.sink)
+		}()
+	}
+	d.failed = map[string]string{} // retried below with the new configuration
+	for name, rec := range d.lanes {
+		lc, ok := cfg.Downstreams[name]
+		if !ok {
+			delete(d.lanes, name)
+			retire(name, rec, "removed from the configuration")
+			d.m.Remove(name)
+			continue
+		}
+		if reflect.DeepEqual(rec.cfg, lc) {
+			continue
+		}
+		err := rec.lane.Update(lc)
+		if errors.Is(err, drain.ErrRestartNeeded) {
+			// The replacement must not fetch before the old lane handed its
+			// messages back: drain first, then start the new one.
+			d.log.Info("reload: lane restarts (source, overflow or dead-letter changed)", "lane", name)
+			dctx, cancel := context.WithTimeout(ctx, drainTimeout)
+			rec.lane.Drain(dctx)
+			cancel()
+			closeSink(rec.sink)
+			nrec, err := d.newLane(ctx, name, lc)
+			if err != nil {
+				d.log.Error("reload: lane could not restart", "lane", name, "err", err)
+				delete(d.lanes, name)
+				d.failed[name] = err.Error()
+				continue
+			}
+			d.lanes[name] = nrec
+			nrec.lane.Start()
+			continue
+		}
+		if !reflect.DeepEqual(rec.cfg.Sink, lc.Sink) {
+			sink, err := d.newSink(lc.Sink, lc.Task.MaxInFlight)
+			if err != nil {
+				d.log.Error("reload: new sink rejected; the old one stays", "lane", name, "err", err)
+			} else {
+				old := rec.lane.SetSink(sink)
+				rec.sink = sink
+				go closeSink(old) // waits for the calls still running
+			}
+		}
+		rec.cfg = lc
+	}
+	for name, lc := range cfg.Downstreams {
+		if _, ok := d.lanes[name]; ok {
+			continue
+		}
+		rec, err := d.newLane(ctx, name, lc)
+		if err != nil {
+			d.log.Error("reload: new lane could not start (not ready until a reload fixes it)", "lane", name, "err", err)
+			d.failed[name] = err.Error()
+			continue
+		}
+		d.lanes[name] = rec
+		rec.lane.Start()
+		d.log.Info("reload: lane added", "lane", name)
+	}
+	d.cfg = cfg
+	d.log.Info("configuration reloaded", "lanes", len(d.lanes))
+}
+
+// Serve starts d and runs it until SIGTERM or SIGINT, then drains: a second
+// signal skips to the nak-and-exit step (SPEC §3, Drain). SIGHUP, or a change
+// of the config file at path, reloads the configuration (issue 6).
+func Serve(d *Daemon, log *slog.Logger, path string, reload func() (*config.Config, error)) error {
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	if err := d.Start(context.Background()); err != nil {
+		return fmt.Errorf("shaper: start: %w", err)
+	}
+	changed, stopWatch := watchFile(path, log)
+	defer stopWatch()
+	var sig os.Signal
+	for sig == nil {
+		select {
+		case sig = <-sigs:
+		case <-hup:
+			applyReload(d, log, "SIGHUP", reload)
+		case <-changed:
+			applyReload(d, log, "file changed", reload)
+		}
+	}
+	log.Info("signal received: draining", "signal", sig.String(), "drain_timeout", d.cfg.Shutdown.DrainTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Shutdown.DrainTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case s := <-sigs:
+			log.Warn("second signal: handing the rest back now", "signal", s.String())
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	sum := d.Drain(ctx)
+	log.Info("shaper stopped", "delivered", sum.Delivered, "nacked", sum.Nacked,
+		"dead_lettered", sum.DeadLettered, "handed_back", sum.Leftovers)
+	return nil
+}
+
+func applyReload(d *Daemon, log *slog.Logger, why string, reload func() (*config.Config, error)) {
+	cfg, err := reload()
+	if err != nil {
+		log.Error("reload rejected: the running configuration stays", "trigger", why, "err", err)
+		return
+	}
+	log.Info("reloading configuration", "trigger", why)
+	d.Reload(context.Background(), cfg)
+}
+
+// watchFile reports changes of the file at path (writes, or an editor's or
+// a Kubernetes ConfigMap's rename-into-place), debounced by 200 ms. It
+// watches the directory, since a rename replaces the file's inode.
+func watchFile(path string, log *slog.Logger) (<-chan struct{}, func()) {
+	out := make(chan struct{}, 1)
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		log.Warn("config file not watched: reload with SIGHUP", "err", err)
+		return out, func() {}
+	}
+	abs, _ := filepath.Abs(path)
+	if err := w.Add(filepath.Dir(abs)); err != nil {
+		log.Warn("config file not watched: reload with SIGHUP", "err", err)
+		w.Close()
+		return out, func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var debounce <-chan time.Time
+		for {
+			select {
+			case ev, ok := <-w.Events:
+				if !ok {
+					return
+				}
+				if filepath.Clean(ev.Name) == abs || filepath.Base(ev.Name) == "..data" {
+					debounce = time.After(200 * time.Millisecond)
+				}
+			case _, ok := <-w.Errors:
+				if !ok {
+					return
+				}
+			case <-debounce:
+				select {
+				case out <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	return out, func() { w.Close(); <-done }
+}
