@@ -20,7 +20,10 @@ const (
 	// letter, whose own Nats-Msg-Id is "<lane>/<key>": the dead-letter
 	// stream de-duplicates by Nats-Msg-Id, and two lanes may dead-letter
 	// messages with the same key.
-	HeaderKey = "Shaper-Key"
+	HeaderKey = shaper.KeyHeader
+	// HeaderSubject carries the original subject, so that a replay does not
+	// depend on the source stream still holding the message.
+	HeaderSubject = shaper.SubjectHeader
 )
 
 // notAttempted is the status passed to deadLetter for a message dead-lettered
@@ -28,6 +31,19 @@ const (
 // invalid): its Shaper-Attempts counts only the earlier deliveries' attempts
 // and it has no Shaper-Last-Status.
 const notAttempted = -1
+
+// deadLetterID is the Nats-Msg-Id of m's dead letter: "<lane>/<key>", and
+// for a replayed message "<lane>/<key>/replay-<dead-letter seq>". A replay
+// deletes the first dead letter, but the dead-letter stream's duplicate
+// window still remembers its id: a second dead letter of the same key under
+// the same id would be acknowledged as a duplicate and stored nowhere.
+func deadLetterID(lane string, m *shaper.Message) string {
+	id := lane + "/" + m.Key()
+	if v := m.Header[shaper.ReplayOfHeader]; len(v) > 0 {
+		id += "/replay-" + v[0]
+	}
+	return id
+}
 
 // deadLetter publishes m with its reason to the dead-letter subject and, once
 // the server acknowledged that publish, terminates the original (SPEC §3,
@@ -59,7 +75,8 @@ func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status 
 	h[HeaderStream] = []string{m.Stream}
 	h[HeaderStreamSeq] = []string{strconv.FormatUint(m.StreamSeq, 10)}
 	h[HeaderKey] = []string{m.Key()}
-	h[shaper.MsgIDHeader] = []string{l.name + "/" + m.Key()}
+	h[HeaderSubject] = []string{m.Subject}
+	h[shaper.MsgIDHeader] = []string{deadLetterID(l.name, m)}
 	dm := *m
 	dm.Header = h
 	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)

@@ -46,6 +46,9 @@ func (l *Lane) departLoop() {
 		for {
 			l.mu.Lock()
 			at := l.pacer.Next(now)
+			if until, held := l.holdUntil(now); held && until.After(at) {
+				at = until // an operator's pause (control.go)
+			}
 			if l.unwired != nil {
 				if rate := l.pacer.Rate(now); rate > 0 {
 					bound := max(maxWireWait, shaper.Limit(rate).Interval())
@@ -102,6 +105,7 @@ func (l *Lane) departLoop() {
 			l.m.Gap.Observe(now.Sub(prev).Seconds())
 		}
 		l.m.QueueWait.Observe(now.Sub(m.Admitted).Seconds())
+		l.recent.depart(now, now.Sub(m.Admitted))
 		l.m.BucketDepth.Set(float64(l.bucket.Len()))
 		l.m.InFlight.Inc()
 		l.tasks.Add(1)

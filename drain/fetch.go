@@ -76,6 +76,13 @@ func (l *Lane) admit(m *shaper.Message, reserved bool) {
 	if m.Invalid == "" && l.conf().Source.MaxMessageBytes > 0 && len(m.Data) > l.conf().Source.MaxMessageBytes {
 		m.Invalid = fmt.Sprintf("payload of %d bytes exceeds source.max_message_bytes %d", len(m.Data), l.conf().Source.MaxMessageBytes)
 	}
+	if l.purged(m) { // an operator's purge (control.go)
+		if reserved {
+			l.bucket.Release(1)
+		}
+		l.purge(m)
+		return
+	}
 	if m.Invalid != "" {
 		if reserved {
 			l.bucket.Release(1)

@@ -28,7 +28,11 @@ func (l *Lane) houseLoop() {
 			l.mu.Lock()
 			rate := l.pacer.Rate(now)
 			paused := now.Before(l.pacer.PausedUntil())
+			if _, held := l.holdUntil(now); held {
+				paused, rate = true, 0
+			}
 			l.mu.Unlock()
+			l.noteHoldEnd(now)
 			l.m.RateLimit.Set(rate)
 			if paused {
 				l.m.Paused.Set(1)

@@ -90,6 +90,9 @@ type Lane struct {
 	// only the departure loop touches it.
 	lastDeparture time.Time
 	global        *globalState // rate.global (WithGlobal); nil = local only
+	hold          *Hold        // an operator's pause (control.go); nil = none
+	purgeUpTo     uint64       // messages up to this stream sequence are purged
+	pauseLogged   time.Time    // the end of the last pause whose end was logged
 
 	fetchStop  chan struct{} // closed: stop fetching
 	fetchDone  chan struct{} // closed when the fetch loop returned
@@ -100,6 +103,9 @@ type Lane struct {
 	tasks      sync.WaitGroup
 	started    atomic.Bool
 	draining   atomic.Bool
+	stopped    atomic.Bool
+	lastErr    atomic.Value // string: the last failed attempt's error
+	recent     recentStats  // achieved rate and queue waits (Status)
 
 	delivered, nacked, deadLettered atomic.Int64
 	failures                        atomic.Int64 // failed attempts since the last warning
@@ -295,6 +301,7 @@ func (l *Lane) Drain(ctx context.Context) Summary {
 	l.tasks.Wait()
 	close(l.houseStop)
 	<-l.houseDone
+	l.stopped.Store(true)
 	s := Summary{
 		Delivered:    l.delivered.Load() - d0,
 		Nacked:       l.nacked.Load() - n0,

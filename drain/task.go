@@ -57,6 +57,7 @@ func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
 		l.m.Deliveries[shaper.OutcomeSuccess].Inc()
 		return
 	}
+	l.lastErr.Store(truncate(err.Error(), 512))
 	cfg := l.conf()
 	v := decide(err, timedOut, m.NumDelivered, cfg.Source, cfg.Task.Retry)
 	if v.kind == verdictDeadLetter {

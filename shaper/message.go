@@ -78,9 +78,31 @@ type Message struct {
 // idempotency key of the message (SPEC G8).
 const MsgIDHeader = "Nats-Msg-Id"
 
+// KeyHeader carries a message's idempotency key (SPEC G8) on a dead letter,
+// and on a replayed one (with ReplayOfHeader), where it keeps the original
+// key: the replay's own Nats-Msg-Id must differ from the original's, or the
+// stream's duplicate window would drop it.
+const KeyHeader = "Shaper-Key"
+
+// ReplayOfHeader marks a message republished by a replay of dead letters
+// (SPEC §3 Operator control): the dead-letter stream's sequence of the dead
+// letter it came from.
+const ReplayOfHeader = "Shaper-Replay-Of"
+
+// SubjectHeader carries a dead letter's original subject, so that a replay
+// does not depend on the source stream still holding the message.
+const SubjectHeader = "Shaper-Subject"
+
 // Key returns the idempotency key of m, stable across redeliveries (SPEC G8):
-// the Nats-Msg-Id header when present, else "<stream>:<stream sequence>".
+// the Nats-Msg-Id header when present, else "<stream>:<stream sequence>". A
+// replayed dead letter (ReplayOfHeader set) keeps its original key from
+// KeyHeader, so the downstream can deduplicate it.
 func (m *Message) Key() string {
+	if len(m.Header[ReplayOfHeader]) > 0 {
+		if v := m.Header[KeyHeader]; len(v) > 0 && v[0] != "" {
+			return v[0]
+		}
+	}
 	if v := m.Header[MsgIDHeader]; len(v) > 0 && v[0] != "" {
 		return v[0]
 	}

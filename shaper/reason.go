@@ -15,11 +15,13 @@ const (
 	ReasonRejectedBySink = "rejected_by_sink"
 	// ReasonInvalid: the source could not make a deliverable message of it.
 	ReasonInvalid = "invalid"
+	// ReasonPurged: an operator purged the lane (SPEC §3 Operator control).
+	ReasonPurged = "purged"
 )
 
 // DeadLetterReasons lists every dead-letter reason, in the order metrics
 // and docs show them.
-var DeadLetterReasons = []string{ReasonOverflow, ReasonMaxWait, ReasonExpired, ReasonMaxDeliver, ReasonRejectedBySink, ReasonInvalid}
+var DeadLetterReasons = []string{ReasonOverflow, ReasonMaxWait, ReasonExpired, ReasonMaxDeliver, ReasonRejectedBySink, ReasonInvalid, ReasonPurged}
 
 // Outcomes of a task (one sink call; shaper_task_duration_seconds) and of a
 // finished delivery (shaper_deliveries_total), and the reasons a message is

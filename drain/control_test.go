@@ -1,0 +1,133 @@
+package drain
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/shaper/shapertest"
+)
+
+// TestLaneOperatorHold: a timed hold stops departures for its span and ends
+// by itself; a hold with no end lasts until Resume; neither is followed by
+// a burst (SPEC §3 Operator control, G1/G2), and nothing is nak'd.
+func TestLaneOperatorHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		sink := &recSink{}
+		h := newHarness(t, laneConfig(10), sink)
+		h.src.publish(200)
+		h.lane.Start()
+		time.Sleep(2 * time.Second)
+		h.lane.Hold(Hold{Until: start.Add(5 * time.Second), Reason: "maintenance"})
+		time.Sleep(500 * time.Millisecond)
+		st := h.lane.Status(time.Now())
+		if st.State != StatePaused || st.Hold == nil || st.Hold.Reason != "maintenance" || !st.PausedUntil.Equal(start.Add(5*time.Second)) {
+			t.Errorf("status during the hold = %+v, want paused until +5s for maintenance", st)
+		}
+		if got := testutil.ToFloat64(h.m.Paused); got != 1 {
+			t.Errorf("shaper_lane_paused = %v during the hold, want 1", got)
+		}
+		time.Sleep(5500 * time.Millisecond) // t = 8 s
+		h.lane.Hold(Hold{Reason: "until resumed"})
+		time.Sleep(4 * time.Second) // t = 12 s
+		if _, held := h.lane.HoldState(time.Now()); !held {
+			t.Error("a hold with no end ended by itself")
+		}
+		h.lane.Resume()
+		time.Sleep(3 * time.Second) // t = 15 s
+		synctest.Wait()
+		if n := h.lane.Status(time.Now()).Nacked; n != 0 {
+			t.Errorf("%d nak'd: a hold must not hand messages back", n)
+		}
+		h.stop(time.Second)
+		cs := sink.snapshot()
+		var in1, in2, after int
+		for _, c := range cs {
+			switch at := c.at.Sub(start); {
+			case at > 2*time.Second && at < 5*time.Second:
+				in1++
+			case at > 8*time.Second && at < 12*time.Second:
+				in2++
+			case at >= 12*time.Second && at < 15*time.Second:
+				after++
+			}
+		}
+		if in1 != 0 || in2 != 0 {
+			t.Errorf("%d departures during the timed hold and %d during the open-ended one, want 0", in1, in2)
+		}
+		if after < 29 || after > 31 {
+			t.Errorf("%d departures in the 3 s after Resume at 10/s, want 30 ± 1", after)
+		}
+		if w := maxInWindow(times(cs), time.Second); w > 11 {
+			t.Errorf("%d departures in a 1 s window, bound 11 (a burst after a hold)", w)
+		}
+		if g, _ := shapertest.MinGap(times(cs)); g < 9500*time.Microsecond {
+			t.Errorf("smallest gap %v, want ≥ min_spacing × 100ms", g)
+		}
+	})
+}
+
+// TestLanePurge: what the lane holds up to the purge's stream sequence and
+// what it receives later up to it go to the dead letter as purged; the
+// newer messages are delivered; nothing is lost.
+func TestLanePurge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := laneConfig(100)
+		cfg.Bucket.Capacity = 20
+		sink := &recSink{}
+		h := newHarness(t, cfg, sink)
+		h.lane.Hold(Hold{Reason: "before purge"})
+		h.src.publish(50)
+		h.lane.Start()
+		time.Sleep(time.Second)
+		if d := h.lane.Status(time.Now()).Depth; d != 20 {
+			t.Fatalf("depth %d before the purge, want the full bucket (20)", d)
+		}
+		if n := h.lane.Purge(30); n != 20 {
+			t.Errorf("Purge took %d from the bucket, want 20", n)
+		}
+		time.Sleep(time.Second)
+		h.lane.Resume()
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		h.stop(time.Second)
+		purged := 0
+		for _, d := range h.dead.snapshot() {
+			if d.header[HeaderReason][0] != shaper.ReasonPurged {
+				t.Errorf("dead letter with reason %q, want purged", d.header[HeaderReason][0])
+			}
+			purged++
+		}
+		if purged != 30 || len(sink.snapshot()) != 20 {
+			t.Errorf("%d purged and %d delivered, want 30 and 20", purged, len(sink.snapshot()))
+		}
+		if n := h.src.count("acked") + h.src.count("termed"); n != 50 {
+			t.Errorf("%d of 50 settled", n)
+		}
+		for _, c := range sink.snapshot() {
+			if c.id <= "msg-29" && len(c.id) == len("msg-29") {
+				t.Errorf("%s delivered after a purge up to sequence 30", c.id)
+			}
+		}
+	})
+}
+
+// TestRecentStats: the achieved rate counts whole seconds of the last 10;
+// the p99 is of the last waits.
+func TestRecentStats(t *testing.T) {
+	var r recentStats
+	t0 := time.Unix(1000, 0)
+	for i := range 200 { // 20/s over [1000 s, 1010 s)
+		r.depart(t0.Add(time.Duration(i)*50*time.Millisecond), time.Duration(i)*time.Millisecond)
+	}
+	if rate, p99 := r.read(t0.Add(10 * time.Second)); rate != 20 || p99 != 198*time.Millisecond {
+		t.Errorf("read = %v/s, p99 %v; want 20/s, 198ms", rate, p99)
+	}
+	if rate, _ := r.read(t0.Add(15 * time.Second)); rate != 10 {
+		t.Errorf("5 s later: %v/s, want 10/s (half the window idle)", rate)
+	}
+}
