@@ -91,6 +91,10 @@ type Redis struct {
 type Admin struct {
 	// Listen is host:port (port 0 = any free port). Default 127.0.0.1:9464.
 	Listen string `mapstructure:"listen"`
+	// Token, when set, is required as "Authorization: Bearer <token>" by the
+	// admin API's write endpoints (SPEC §6). Use ${ENV}; it is never logged
+	// or shown. Required when Listen is not a loopback address.
+	Token string `mapstructure:"token"`
 }
 
 // Log configures log/slog.

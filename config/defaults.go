@@ -97,6 +97,7 @@ func topDefaults() map[string]any {
 		"nats.embedded.listen":    DefaultEmbeddedListen,
 		"nats.embedded.store_dir": DefaultEmbeddedStoreDir,
 		"admin.listen":            DefaultAdminListen,
+		"admin.token":             "",
 		"log.level":               DefaultLogLevel,
 		"log.format":              DefaultLogFormat,
 		"shutdown.drain_timeout":  DefaultDrainTimeout,

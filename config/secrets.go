@@ -35,6 +35,7 @@ func expandSecrets(p *problems, c *Config) {
 	expand("redis.addr", &c.Redis.Addr)
 	expand("redis.username", &c.Redis.Username)
 	expand("redis.password", &c.Redis.Password)
+	expand("admin.token", &c.Admin.Token)
 	for name, l := range c.Downstreams {
 		prefix := "downstreams." + name + ".sink."
 		expand(prefix+"url", &l.Sink.URL)
@@ -142,6 +143,11 @@ func (c *Config) Redacted() *Config {
 		r.Redis.Password = tmpl
 	} else if c.Redis.Password != "" {
 		r.Redis.Password = redactedValue
+	}
+	if tmpl, ok := c.templates["admin.token"]; ok {
+		r.Admin.Token = tmpl
+	} else if c.Admin.Token != "" {
+		r.Admin.Token = redactedValue
 	}
 	r.Downstreams = make(map[string]Lane, len(c.Downstreams))
 	for name, l := range c.Downstreams {

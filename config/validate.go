@@ -206,6 +206,8 @@ func (v *validator) global() {
 	v.listen("nats.embedded.listen", c.NATS.Embedded.Listen)
 	v.redis()
 	v.listen("admin.listen", c.Admin.Listen)
+	v.check(c.Admin.Token != "" || loopback(c.Admin.Listen), "admin.token",
+		"required when admin.listen %q is not a loopback address: the admin API can pause and purge lanes", c.Admin.Listen)
 	v.check(slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level), "log.level",
 		"must be debug, info, warn or error, got %q", c.Log.Level)
 	v.check(slices.Contains([]string{"text", "json"}, c.Log.Format), "log.format",
@@ -288,6 +290,20 @@ func (v *validator) listen(key, value string) {
 	if why := badHostPort(value); why != "" {
 		v.check(false, key, "%q %s (e.g. 127.0.0.1:9464; port 0 = any free port)", value, why)
 	}
+}
+
+// loopback reports whether the host of host:port s is a loopback address
+// (127.0.0.0/8, ::1 or localhost); an empty host listens everywhere.
+func loopback(s string) bool {
+	host, _, err := net.SplitHostPort(s)
+	if err != nil {
+		return true // reported by listen
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // badHostPort says why s is not host:port with a numeric port, or returns "".
