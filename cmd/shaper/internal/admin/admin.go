@@ -17,10 +17,13 @@ type Backend interface {
 }
 
 // NewHandler returns the admin mux: reg's metrics at /metrics, liveness at
-// /healthz (always 200 while the process serves) and readiness at /readyz
-// (200, or 503 with the reason from b.NotReady).
-func NewHandler(reg *prometheus.Registry, b Backend) http.Handler {
+// /healthz (always 200 while the process serves), readiness at /readyz
+// (200, or 503 with the reason from b.NotReady), and the admin API of SPEC
+// §6 on b, whose write endpoints need "Authorization: Bearer <token>" when
+// token is not empty.
+func NewHandler(reg *prometheus.Registry, b Lanes, token string) http.Handler {
 	mux := http.NewServeMux()
+	api{b: b, token: token}.routes(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {

@@ -58,6 +58,13 @@ type Daemon struct {
 	retired sync.WaitGroup         // lanes draining after a reload removed them
 	redis   *redisslots.RedisSlots // global rates; nil when no lane has rate.global
 
+	control *sources.Control // operators' decisions (SHAPER_CONTROL)
+	ctlStop func()           // stops the control watch
+	ctlMu   sync.Mutex       // guards ctl
+	ctl     map[string]sources.LaneControl
+	liveMu  sync.RWMutex // guards live: the lanes the admin API sees
+	live    map[string]*laneRec
+
 	adminLn  net.Listener
 	admin    *http.Server
 	draining atomic.Bool
@@ -87,7 +94,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if d.adminLn, err = net.Listen("tcp", d.cfg.Admin.Listen); err != nil {
 		return fmt.Errorf("admin.listen %s: %w", d.cfg.Admin.Listen, err)
 	}
-	d.admin = &http.Server{Handler: admin.NewHandler(d.reg, d), ReadHeaderTimeout: 5 * time.Second}
+	d.admin = &http.Server{Handler: admin.NewHandler(d.reg, d, d.cfg.Admin.Token), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = d.admin.Serve(d.adminLn) }()
 	d.log.Info("admin listening", "addr", d.adminLn.Addr().String())
 
@@ -118,13 +125,16 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		}
 	}
 	sort.Strings(names)
+	if err := d.startControl(ctx); err != nil {
+		return err
+	}
 	d.lanes = map[string]*laneRec{}
 	for _, name := range names {
 		rec, err := d.newLane(ctx, name, d.cfg.Downstreams[name])
 		if err != nil {
 			return err
 		}
-		d.lanes[name] = rec
+		d.setLane(name, rec)
 	}
 	for _, rec := range d.lanes {
 		rec.lane.Start()
@@ -186,6 +196,7 @@ func (d *Daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 		closeSink(sink)
 		return nil, err
 	}
+	d.applyStored(name, lane) // an operator's pause or purge kept on the server
 	return &laneRec{cfg: lc, lane: lane, src: src, sink: sink}, nil
 }
 
@@ -285,6 +296,9 @@ func (d *Daemon) Drain(ctx context.Context) drain.Summary {
 func (d *Daemon) Close() {
 	if d.redis != nil {
 		_ = d.redis.Close()
+	}
+	if d.ctlStop != nil {
+		d.ctlStop()
 	}
 	if d.nc != nil {
 		if err := d.nc.FlushTimeout(5 * time.Second); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {

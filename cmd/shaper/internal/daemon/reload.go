@@ -53,7 +53,7 @@ func (d *Daemon) Reload(ctx context.Context, cfg *config.Config) {
 	for name, rec := range d.lanes {
 		lc, ok := cfg.Downstreams[name]
 		if !ok {
-			delete(d.lanes, name)
+			d.dropLane(name)
 			retire(name, rec, "removed from the configuration")
 			d.m.Remove(name)
 			continue
@@ -73,11 +73,11 @@ func (d *Daemon) Reload(ctx context.Context, cfg *config.Config) {
 			nrec, err := d.newLane(ctx, name, lc)
 			if err != nil {
 				d.log.Error("reload: lane could not restart", "lane", name, "err", err)
-				delete(d.lanes, name)
+				d.dropLane(name)
 				d.failed[name] = err.Error()
 				continue
 			}
-			d.lanes[name] = nrec
+			d.setLane(name, nrec)
 			nrec.lane.Start()
 			continue
 		}
@@ -103,7 +103,7 @@ func (d *Daemon) Reload(ctx context.Context, cfg *config.Config) {
 			d.failed[name] = err.Error()
 			continue
 		}
-		d.lanes[name] = rec
+		d.setLane(name, rec)
 		rec.lane.Start()
 		d.log.Info("reload: lane added", "lane", name)
 	}

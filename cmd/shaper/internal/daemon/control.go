@@ -1,0 +1,251 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"sort"
+	"time"
+
+	"github.com/shaper-dev/shaper/cmd/shaper/internal/admin"
+	"github.com/shaper-dev/shaper/drain"
+	"github.com/shaper-dev/shaper/sources"
+)
+
+// Operator control (SPEC §3): the admin API's requests are written to the
+// SHAPER_CONTROL bucket on the NATS server; every replica watches it and
+// applies each lane's record to its lane. So a pause survives a restart
+// (the record is read before the lanes start) and holds on every replica.
+
+// controlReadyTimeout bounds the wait for the existing records at start.
+const controlReadyTimeout = 5 * time.Second
+
+// startControl opens the control bucket and watches it; it returns once
+// the records that already exist were read.
+func (d *Daemon) startControl(ctx context.Context) error {
+	c, err := sources.OpenControl(ctx, d.js, 1)
+	if err != nil {
+		return err
+	}
+	d.control = c
+	d.ctl = map[string]sources.LaneControl{}
+	ready, stop, err := c.Watch(context.Background(), d.applyControl)
+	if err != nil {
+		return err
+	}
+	d.ctlStop = stop
+	select {
+	case <-ready:
+	case <-time.After(controlReadyTimeout):
+		return fmt.Errorf("control bucket %s: existing records not read within %s", sources.ControlBucket, controlReadyTimeout)
+	}
+	return nil
+}
+
+// applyControl keeps the lane's latest record and applies it to the lane
+// when it runs (the control watch calls it).
+func (d *Daemon) applyControl(name string, lc sources.LaneControl) {
+	d.ctlMu.Lock()
+	d.ctl[name] = lc
+	d.ctlMu.Unlock()
+	if rec := d.laneRec(name); rec != nil {
+		applyTo(rec.lane, lc)
+	}
+}
+
+// applyStored applies the lane's stored record to a lane not yet started.
+func (d *Daemon) applyStored(name string, l *drain.Lane) {
+	d.ctlMu.Lock()
+	lc, ok := d.ctl[name]
+	d.ctlMu.Unlock()
+	if ok {
+		applyTo(l, lc)
+	}
+}
+
+// applyTo makes l follow lc: hold or resume, and purge up to its watermark.
+func applyTo(l *drain.Lane, lc sources.LaneControl) {
+	now := time.Now()
+	if p := lc.Pause; p != nil && (p.Until.IsZero() || now.Before(p.Until)) {
+		l.Hold(drain.Hold{Until: p.Until, Reason: p.Reason})
+	} else if _, held := l.HoldState(now); held {
+		l.Resume()
+	}
+	if lc.PurgeUpTo > 0 {
+		l.Purge(lc.PurgeUpTo)
+	}
+}
+
+// setLane records rec as the running lane name; dropLane forgets it.
+func (d *Daemon) setLane(name string, rec *laneRec) {
+	d.lanes[name] = rec
+	d.liveMu.Lock()
+	if d.live == nil {
+		d.live = map[string]*laneRec{}
+	}
+	d.live[name] = rec
+	d.liveMu.Unlock()
+}
+
+func (d *Daemon) dropLane(name string) {
+	delete(d.lanes, name)
+	d.liveMu.Lock()
+	delete(d.live, name)
+	d.liveMu.Unlock()
+}
+
+func (d *Daemon) laneRec(name string) *laneRec {
+	d.liveMu.RLock()
+	defer d.liveMu.RUnlock()
+	return d.live[name]
+}
+
+func (d *Daemon) lane(name string) (*laneRec, error) {
+	if rec := d.laneRec(name); rec != nil {
+		return rec, nil
+	}
+	return nil, fmt.Errorf("lane %q: %w", name, admin.ErrNoLane)
+}
+
+// Lanes returns every running lane's view, by name (admin.Lanes).
+func (d *Daemon) Lanes(ctx context.Context) []admin.LaneView {
+	d.liveMu.RLock()
+	names := make([]string, 0, len(d.live))
+	for name := range d.live {
+		names = append(names, name)
+	}
+	d.liveMu.RUnlock()
+	sort.Strings(names)
+	out := make([]admin.LaneView, 0, len(names))
+	for _, name := range names {
+		if v, err := d.Lane(ctx, name); err == nil {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// Lane returns the lane's view (admin.Lanes).
+func (d *Daemon) Lane(ctx context.Context, name string) (admin.LaneView, error) {
+	rec, err := d.lane(name)
+	if err != nil {
+		return admin.LaneView{}, err
+	}
+	st := rec.lane.Status(time.Now())
+	v := admin.LaneView{Lane: name, State: st.State, Limit: st.Limit, Rate: st.Rate, Achieved: st.Achieved,
+		Depth: st.Depth, Capacity: st.Capacity, InFlight: st.InFlight, LastError: redactError(st.LastError),
+		QueueWaitP99: st.QueueWaitP99.Seconds()}
+	if st.State == drain.StatePaused && !st.PausedUntil.IsZero() {
+		u := st.PausedUntil
+		v.PausedUntil = &u
+	}
+	if st.Hold != nil {
+		v.PauseReason = st.Hold.Reason
+		if v.PauseReason == "" {
+			v.PauseReason = "operator"
+		}
+	} else if st.State == drain.StatePaused {
+		v.PauseReason = "downstream Retry-After"
+	}
+	v.DeadLetters, _ = d.deadLetters(rec).Count(ctx)
+	return v, nil
+}
+
+func (d *Daemon) deadLetters(rec *laneRec) sources.DeadLetters {
+	return sources.DeadLetters{JS: d.js, Subject: rec.cfg.DeadLetter.Subject}
+}
+
+// Pause pauses the lane on every replica for dur (0: until resumed).
+func (d *Daemon) Pause(ctx context.Context, name string, dur time.Duration, reason string) error {
+	rec, err := d.lane(name)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	p := &sources.PauseRecord{Reason: reason, At: now}
+	if dur > 0 {
+		p.Until = now.Add(dur)
+	}
+	lc, err := d.control.Update(ctx, name, func(lc *sources.LaneControl) { lc.Pause = p })
+	if err != nil {
+		return err
+	}
+	applyTo(rec.lane, lc) // at once here; the watch brings it to the others
+	return nil
+}
+
+// Resume ends an operator's pause on every replica.
+func (d *Daemon) Resume(ctx context.Context, name string) error {
+	rec, err := d.lane(name)
+	if err != nil {
+		return err
+	}
+	lc, err := d.control.Update(ctx, name, func(lc *sources.LaneControl) {
+		lc.Pause, lc.ResumedAt = nil, time.Now()
+	})
+	if err != nil {
+		return err
+	}
+	applyTo(rec.lane, lc)
+	return nil
+}
+
+// DeadLetters lists the lane's dead letters.
+func (d *Daemon) DeadLetters(ctx context.Context, name string, f sources.DeadLetterFilter) ([]sources.DeadLetter, error) {
+	rec, err := d.lane(name)
+	if err != nil {
+		return nil, err
+	}
+	list, err := d.deadLetters(rec).List(ctx, f)
+	for i := range list {
+		list[i].LastError = redactError(list[i].LastError)
+	}
+	return list, err
+}
+
+// Replay republishes the lane's chosen dead letters through the lane.
+func (d *Daemon) Replay(ctx context.Context, name string, f sources.DeadLetterFilter) (int, error) {
+	rec, err := d.lane(name)
+	if err != nil {
+		return 0, err
+	}
+	n, err := d.deadLetters(rec).Replay(ctx, f)
+	d.log.Info("dead letters replayed by operator", "lane", name, "replayed", n, "reason", f.Reason, "err", err)
+	return n, err
+}
+
+// Purge dead-letters, on every replica, what the lane holds and what its
+// consumer has pending up to the source stream's last sequence now.
+func (d *Daemon) Purge(ctx context.Context, name string) (admin.PurgeResult, error) {
+	rec, err := d.lane(name)
+	if err != nil {
+		return admin.PurgeResult{}, err
+	}
+	st, err := d.js.Stream(ctx, rec.cfg.Source.Stream)
+	if err != nil {
+		return admin.PurgeResult{}, err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return admin.PurgeResult{}, err
+	}
+	res := admin.PurgeResult{UpToSeq: info.State.LastSeq}
+	lc, err := d.control.Update(ctx, name, func(lc *sources.LaneControl) { lc.PurgeUpTo = max(lc.PurgeUpTo, res.UpToSeq) })
+	if err != nil {
+		return res, err
+	}
+	res.Held = rec.lane.Purge(lc.PurgeUpTo)
+	if c, err := d.js.Consumer(ctx, rec.cfg.Source.Stream, rec.cfg.Source.Consumer); err == nil {
+		if ci, err := c.Info(ctx); err == nil {
+			res.Pending = ci.NumPending + uint64(ci.NumAckPending)
+		}
+	}
+	return res, nil
+}
+
+// userinfoRE matches the user:password@ of a URL inside a text.
+var userinfoRE = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@`)
+
+// redactError hides the credentials of any URL in an error's text (a sink
+// error quotes its URL), for the admin API and the console.
+func redactError(s string) string { return userinfoRE.ReplaceAllString(s, "${1}***@") }

@@ -1,0 +1,292 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shaper-dev/shaper/cmd/shaper/internal/admin"
+	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/sources"
+)
+
+// The operator commands of SPEC §5: clients of a running daemon's admin API
+// (docs/admin-api.md). Exit codes: 0 done, 1 refused or failed, 2 usage.
+
+// adminTokenEnv is where the operator commands read admin.token.
+const adminTokenEnv = "SHAPER_ADMIN_TOKEN"
+
+// operatorClient talks to the admin API.
+type operatorClient struct {
+	base   string // http://host:port
+	token  string
+	output string // table|json
+	stdout io.Writer
+}
+
+// addOperatorFlags adds --admin, -c and -o.
+func addOperatorFlags(cmd *cobra.Command) {
+	cmd.Flags().String("admin", "", "the daemon's admin URL (default: http:// + admin.listen of --config)")
+	cmd.Flags().StringP("config", "c", "", "config file whose admin.listen to use (default ./config.yaml)")
+	cmd.Flags().StringP("output", "o", "table", "output: table or json")
+}
+
+func newOperatorClient(cmd *cobra.Command, stdout, stderr io.Writer) (*operatorClient, error) {
+	out, _ := cmd.Flags().GetString("output")
+	if out != "table" && out != "json" {
+		return nil, &exitError{code: exitUsage, err: fmt.Errorf("-o: want table or json, got %q", out)}
+	}
+	base, _ := cmd.Flags().GetString("admin")
+	if base == "" {
+		listen := config.DefaultAdminListen
+		path, _ := cmd.Flags().GetString("config")
+		if path == "" {
+			path = config.DefaultPath
+		}
+		if _, err := os.Stat(path); err == nil {
+			if cfg, _, err := config.Load(path, nil); err == nil {
+				listen = cfg.Admin.Listen
+			} else {
+				fmt.Fprintf(stderr, "shaper: %s not usable (%v); trying %s\n", path, firstLine(err), listen)
+			}
+		}
+		host, port, _ := strings.Cut(listen, ":")
+		if host == "" || host == "0.0.0.0" || host == "[::]" {
+			host = "127.0.0.1"
+		}
+		base = "http://" + host + ":" + port
+	}
+	return &operatorClient{base: strings.TrimRight(base, "/"), token: os.Getenv(adminTokenEnv), output: out, stdout: stdout}, nil
+}
+
+func firstLine(err error) string { s, _, _ := strings.Cut(err.Error(), "\n"); return s }
+
+// call sends a request and decodes a 200 answer into out; an error answer
+// becomes an exitError with code 1 and the API's message.
+func (c *operatorClient) call(method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, c.base+path, rd)
+	if err != nil {
+		return &exitError{code: exitUsage, err: err}
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	hc := &http.Client{Timeout: time.Minute}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return &exitError{code: exitFailure, err: fmt.Errorf("shaper: admin API at %s: %w", c.base, err)}
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error string `json:"error"`
+		}
+		_ = json.Unmarshal(raw, &e)
+		if e.Error == "" {
+			e.Error = strings.TrimSpace(string(raw))
+		}
+		return &exitError{code: exitFailure, err: fmt.Errorf("shaper: %s %s: %s: %s", method, path, resp.Status, e.Error)}
+	}
+	if c.output == "json" {
+		_, _ = c.stdout.Write(raw)
+		return nil
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			return &exitError{code: exitFailure, err: fmt.Errorf("shaper: %s %s: %w", method, path, err)}
+		}
+	}
+	return nil
+}
+
+func operatorCmds(stdout, stderr io.Writer) []*cobra.Command {
+	lanes := &cobra.Command{
+		Use:   "lanes",
+		Short: "List the running daemon's lanes: state, rate, depth, in flight, dead letters",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := newOperatorClient(cmd, stdout, stderr)
+			if err != nil {
+				return err
+			}
+			var views []admin.LaneView
+			if err := c.call(http.MethodGet, "/v1/lanes", nil, &views); err != nil || c.output == "json" {
+				return err
+			}
+			printLanes(stdout, views)
+			return nil
+		},
+	}
+	pause := &cobra.Command{
+		Use:   "pause LANE",
+		Short: "Pause a lane on every replica (optionally for a duration)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := newOperatorClient(cmd, stdout, stderr)
+			if err != nil {
+				return err
+			}
+			d, _ := cmd.Flags().GetDuration("for")
+			if d < 0 {
+				return &exitError{code: exitUsage, err: errors.New("--for: want a positive duration")}
+			}
+			reason, _ := cmd.Flags().GetString("reason")
+			req := admin.PauseRequest{Reason: reason}
+			if d > 0 {
+				req.For = d.String()
+			}
+			var v admin.LaneView
+			if err := c.call(http.MethodPost, "/v1/lanes/"+url.PathEscape(args[0])+"/pause", req, &v); err != nil || c.output == "json" {
+				return err
+			}
+			printLanes(stdout, []admin.LaneView{v})
+			return nil
+		},
+	}
+	pause.Flags().Duration("for", 0, "how long (e.g. 10m); default until resumed")
+	pause.Flags().String("reason", "", "why, shown by shaper lanes and the console")
+	resume := &cobra.Command{
+		Use:   "resume LANE",
+		Short: "End an operator's pause (or an open breaker) of a lane",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := newOperatorClient(cmd, stdout, stderr)
+			if err != nil {
+				return err
+			}
+			var v admin.LaneView
+			if err := c.call(http.MethodPost, "/v1/lanes/"+url.PathEscape(args[0])+"/resume", struct{}{}, &v); err != nil || c.output == "json" {
+				return err
+			}
+			printLanes(stdout, []admin.LaneView{v})
+			return nil
+		},
+	}
+	purge := &cobra.Command{
+		Use:   "purge LANE --yes",
+		Short: "Move what a lane holds and has pending to its dead letters (reason purged)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if yes, _ := cmd.Flags().GetBool("yes"); !yes {
+				return &exitError{code: exitUsage, err: errors.New("purge drops the lane's work into dead letters: confirm with --yes")}
+			}
+			c, err := newOperatorClient(cmd, stdout, stderr)
+			if err != nil {
+				return err
+			}
+			var r admin.PurgeResult
+			if err := c.call(http.MethodPost, "/v1/lanes/"+url.PathEscape(args[0])+"/purge", struct{}{}, &r); err != nil || c.output == "json" {
+				return err
+			}
+			fmt.Fprintf(stdout, "purging %s up to stream sequence %d: %d taken from the bucket, %d pending go to dead letters as they arrive\n",
+				args[0], r.UpToSeq, r.Held, r.Pending)
+			return nil
+		},
+	}
+	purge.Flags().Bool("yes", false, "confirm")
+	cmds := []*cobra.Command{lanes, pause, resume, purge, deadLettersCmd(stdout, stderr)}
+	for _, c := range cmds[:4] {
+		addOperatorFlags(c)
+	}
+	return cmds
+}
+
+func deadLettersCmd(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{Use: "dead-letters", Short: "List or replay a lane's dead letters"}
+	filterFlags := func(cmd *cobra.Command, limitName string) {
+		cmd.Flags().String("reason", "", "only this reason (e.g. max_deliver)")
+		cmd.Flags().String("since", "", "only dead-lettered since (RFC 3339, or a duration back such as 1h)")
+		cmd.Flags().Int(limitName, 0, "at most this many (0 = all)")
+		addOperatorFlags(cmd)
+	}
+	list := &cobra.Command{
+		Use:  "list LANE",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := newOperatorClient(cmd, stdout, stderr)
+			if err != nil {
+				return err
+			}
+			q := url.Values{}
+			for _, k := range []string{"reason", "since"} {
+				if v, _ := cmd.Flags().GetString(k); v != "" {
+					q.Set(k, v)
+				}
+			}
+			if n, _ := cmd.Flags().GetInt("limit"); n > 0 {
+				q.Set("limit", fmt.Sprint(n))
+			}
+			var dls []sources.DeadLetter
+			if err := c.call(http.MethodGet, "/v1/lanes/"+url.PathEscape(args[0])+"/dead-letters?"+q.Encode(), nil, &dls); err != nil || c.output == "json" {
+				return err
+			}
+			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SEQ\tTIME\tREASON\tATTEMPTS\tSTATUS\tKEY\tLAST ERROR")
+			for _, d := range dls {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\n", d.Seq, d.Time.Format(time.RFC3339), d.Reason, d.Attempts, d.LastStatus, d.Key, d.LastError)
+			}
+			return tw.Flush()
+		},
+	}
+	filterFlags(list, "limit")
+	replay := &cobra.Command{
+		Use:  "replay LANE",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := newOperatorClient(cmd, stdout, stderr)
+			if err != nil {
+				return err
+			}
+			reason, _ := cmd.Flags().GetString("reason")
+			since, _ := cmd.Flags().GetString("since")
+			maxN, _ := cmd.Flags().GetInt("max")
+			var r map[string]int
+			if err := c.call(http.MethodPost, "/v1/lanes/"+url.PathEscape(args[0])+"/dead-letters/replay",
+				admin.ReplayRequest{Reason: reason, Since: since, Max: maxN}, &r); err != nil || c.output == "json" {
+				return err
+			}
+			fmt.Fprintf(stdout, "replayed %d dead letters of %s: they go through the lane at its rate\n", r["replayed"], args[0])
+			return nil
+		},
+	}
+	filterFlags(replay, "max")
+	root.AddCommand(list, replay)
+	return root
+}
+
+// printLanes prints one line per lane.
+func printLanes(w io.Writer, views []admin.LaneView) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "LANE\tSTATE\tRATE\tACHIEVED\tDEPTH\tIN FLIGHT\tDEAD LETTERS\tNOTE")
+	for _, v := range views {
+		note := v.PauseReason
+		if v.PausedUntil != nil {
+			note += " until " + v.PausedUntil.Format(time.RFC3339)
+		}
+		if note == "" && v.LastError != "" {
+			note = "last error: " + v.LastError
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%g/%g/s\t%.1f/s\t%d/%d\t%d\t%d\t%s\n", v.Lane, v.State, v.Rate, v.Limit, v.Achieved,
+			v.Depth, v.Capacity, v.InFlight, v.DeadLetters, strings.TrimSpace(note))
+	}
+	_ = tw.Flush()
+}
