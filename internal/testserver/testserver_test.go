@@ -1,0 +1,77 @@
+package testserver
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestStarters: each starter gives a server that answers.
+func TestStarters(t *testing.T) {
+	r := StartRedis(t)
+	if got := r.Do("SET", "k", "v"); got != "+OK" {
+		t.Errorf("SET = %q", got)
+	}
+	r.Kill()
+	if Ping(r.Addr) == nil {
+		t.Error("redis answers after Kill")
+	}
+	r.Start()
+	if got := r.Do("GET", "k"); got != "$-1" {
+		t.Errorf("GET after a restart without persistence = %q, want nil", got)
+	}
+	ns := NATS(t)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := js.AccountInfo(ctx); err != nil {
+		t.Errorf("JetStream: %v", err)
+	}
+}
+
+// TestCluster: three processes form a JetStream cluster that takes an R3
+// stream, and survives the kill of one node.
+func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds nats-server and starts three processes")
+	}
+	c := StartCluster(t, 3)
+	nc, err := nats.Connect(c.URLs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "R3", Subjects: []string{"r3.>"}, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := c.NodeByName(s.CachedInfo().Cluster.Leader)
+	if leader == nil {
+		t.Fatalf("stream leader %q is not a node", s.CachedInfo().Cluster.Leader)
+	}
+	c.Kill(leader)
+	for {
+		if _, err := js.Publish(ctx, "r3.x", []byte("after the kill")); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("no publish accepted after the stream leader was killed")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.Restart(leader)
+}
