@@ -280,3 +280,50 @@ func TestE2EPurge(t *testing.T) {
 	}
 	waitConsumerSettled(t, js, l.stream, "shaper-ops", 10*time.Second)
 }
+
+// TestE2EAdminToken: with admin.token set, a write without the token is
+// refused (401, exit 1) and changes nothing, the token from
+// SHAPER_ADMIN_TOKEN is accepted, reads need none, and the token is in no
+// log line; an unknown lane is a 404 (exit 1); bad usage exits 2.
+func TestE2EAdminToken(t *testing.T) {
+	down := newDownstream(t, nil)
+	l := laneSpec{name: "ops", stream: "E2E_OPS", limit: "20/s", capacity: 50, maxInFlight: 2,
+		timeout: "2s", backoff: "[100ms]", sinkURL: down.url()}
+	cfg := strings.Replace(configYAML("127.0.0.1:0", filepath.Join(t.TempDir(), "nats"), "127.0.0.1:0", "2s", l),
+		"admin: { listen: \"127.0.0.1:0\" }", "admin: { listen: \"127.0.0.1:0\", token: \"${TEST_SHAPER_TOKEN}\" }", 1)
+	t.Setenv("TEST_SHAPER_TOKEN", "tok-7f3a9c")
+	td := startDaemon(t, cfg)
+	adminURL := "http://" + td.AdminAddr()
+	cli := func(args ...string) (int, string) {
+		var out, errb strings.Builder
+		code := run(append(args, "--admin", adminURL), &out, &errb)
+		return code, out.String() + errb.String()
+	}
+	t.Setenv(adminTokenEnv, "")
+	if code, out := cli("pause", "ops"); code != exitFailure || !strings.Contains(out, "401") {
+		t.Errorf("pause without the token: exit %d, %q; want 1 and 401", code, out)
+	}
+	if code, out := cli("lanes", "-o", "json"); code != 0 || !strings.Contains(out, `"state": "running"`) {
+		t.Errorf("lanes without the token: exit %d, %q; want the lane running", code, out)
+	}
+	t.Setenv(adminTokenEnv, "wrong")
+	if code, _ := cli("resume", "ops"); code != exitFailure {
+		t.Errorf("resume with a wrong token: exit %d, want 1", code)
+	}
+	t.Setenv(adminTokenEnv, "tok-7f3a9c")
+	if code, out := cli("pause", "ops", "--for", "1m"); code != 0 || !strings.Contains(out, "paused") {
+		t.Errorf("pause with the token: exit %d, %q", code, out)
+	}
+	if code, out := cli("pause", "nosuch"); code != exitFailure || !strings.Contains(out, "404") {
+		t.Errorf("pause of an unknown lane: exit %d, %q; want 1 and 404", code, out)
+	}
+	if code, _ := cli("pause"); code != exitUsage {
+		t.Errorf("pause without a lane: exit %d, want 2", code)
+	}
+	if code, _ := cli("lanes", "-o", "yaml"); code != exitUsage {
+		t.Errorf("-o yaml: exit %d, want 2", code)
+	}
+	if strings.Contains(td.logs.String(), "tok-7f3a9c") {
+		t.Error("the admin token appears in the daemon's logs")
+	}
+}

@@ -118,8 +118,17 @@ func (c *operatorClient) call(method, path string, body, out any) error {
 	return nil
 }
 
+// operatorCmds returns the operator commands of SPEC §5.
 func operatorCmds(stdout, stderr io.Writer) []*cobra.Command {
-	lanes := &cobra.Command{
+	cmds := []*cobra.Command{lanesCmd(stdout, stderr), pauseCmd(stdout, stderr), resumeCmd(stdout, stderr), purgeCmd(stdout, stderr)}
+	for _, c := range cmds {
+		addOperatorFlags(c)
+	}
+	return append(cmds, deadLettersCmd(stdout, stderr))
+}
+
+func lanesCmd(stdout, stderr io.Writer) *cobra.Command {
+	return &cobra.Command{
 		Use:   "lanes",
 		Short: "List the running daemon's lanes: state, rate, depth, in flight, dead letters",
 		Args:  cobra.NoArgs,
@@ -136,6 +145,9 @@ func operatorCmds(stdout, stderr io.Writer) []*cobra.Command {
 			return nil
 		},
 	}
+}
+
+func pauseCmd(stdout, stderr io.Writer) *cobra.Command {
 	pause := &cobra.Command{
 		Use:   "pause LANE",
 		Short: "Pause a lane on every replica (optionally for a duration)",
@@ -164,7 +176,11 @@ func operatorCmds(stdout, stderr io.Writer) []*cobra.Command {
 	}
 	pause.Flags().Duration("for", 0, "how long (e.g. 10m); default until resumed")
 	pause.Flags().String("reason", "", "why, shown by shaper lanes and the console")
-	resume := &cobra.Command{
+	return pause
+}
+
+func resumeCmd(stdout, stderr io.Writer) *cobra.Command {
+	return &cobra.Command{
 		Use:   "resume LANE",
 		Short: "End an operator's pause (or an open breaker) of a lane",
 		Args:  cobra.ExactArgs(1),
@@ -181,6 +197,9 @@ func operatorCmds(stdout, stderr io.Writer) []*cobra.Command {
 			return nil
 		},
 	}
+}
+
+func purgeCmd(stdout, stderr io.Writer) *cobra.Command {
 	purge := &cobra.Command{
 		Use:   "purge LANE --yes",
 		Short: "Move what a lane holds and has pending to its dead letters (reason purged)",
@@ -203,11 +222,7 @@ func operatorCmds(stdout, stderr io.Writer) []*cobra.Command {
 		},
 	}
 	purge.Flags().Bool("yes", false, "confirm")
-	cmds := []*cobra.Command{lanes, pause, resume, purge, deadLettersCmd(stdout, stderr)}
-	for _, c := range cmds[:4] {
-		addOperatorFlags(c)
-	}
-	return cmds
+	return purge
 }
 
 func deadLettersCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -219,8 +234,9 @@ func deadLettersCmd(stdout, stderr io.Writer) *cobra.Command {
 		addOperatorFlags(cmd)
 	}
 	list := &cobra.Command{
-		Use:  "list LANE",
-		Args: cobra.ExactArgs(1),
+		Use:   "list LANE",
+		Short: "List a lane's dead letters, oldest first",
+		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := newOperatorClient(cmd, stdout, stderr)
 			if err != nil {
@@ -249,8 +265,9 @@ func deadLettersCmd(stdout, stderr io.Writer) *cobra.Command {
 	}
 	filterFlags(list, "limit")
 	replay := &cobra.Command{
-		Use:  "replay LANE",
-		Args: cobra.ExactArgs(1),
+		Use:   "replay LANE",
+		Short: "Replay a lane's dead letters through the lane at its rate, with their original keys",
+		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := newOperatorClient(cmd, stdout, stderr)
 			if err != nil {
