@@ -8,6 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/shaper-dev/shaper/cmd/shaper/internal/admin/console"
 )
 
 // Backend is what the admin endpoints ask of the running daemon.
@@ -20,10 +22,12 @@ type Backend interface {
 // /healthz (always 200 while the process serves), readiness at /readyz
 // (200, or 503 with the reason from b.NotReady), and the admin API of SPEC
 // §6 on b, whose write endpoints need "Authorization: Bearer <token>" when
-// token is not empty.
+// token is not empty, and the web console at / (its assets under /console/).
 func NewHandler(reg *prometheus.Registry, b Lanes, token string) http.Handler {
 	mux := http.NewServeMux()
 	api{b: b, token: token}.routes(mux)
+	mux.Handle("GET /{$}", console.Handler())
+	mux.Handle("GET "+console.AssetPrefix, console.Handler())
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
