@@ -75,8 +75,11 @@ func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status 
 	h[HeaderStream] = []string{m.Stream}
 	h[HeaderStreamSeq] = []string{strconv.FormatUint(m.StreamSeq, 10)}
 	h[HeaderKey] = []string{m.Key()}
+	// A replayed message's Shaper-Replay-Of is in the dead letter's id: kept
+	// as a header, it would make the dead letter's Key the original key.
+	delete(h, shaper.ReplayOfHeader)
 	h[HeaderSubject] = []string{m.Subject}
-	h[shaper.MsgIDHeader] = []string{deadLetterID(l.name, m)}
+	h[shaper.MsgIDHeader] = []string{deadLetterID(l.name, m)} // the NATS sink publishes under dm.Key()
 	dm := *m
 	dm.Header = h
 	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)

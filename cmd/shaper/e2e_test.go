@@ -31,7 +31,8 @@ import (
 // process the tests start is stopped by a t.Cleanup. The binary built for
 // the child-process tests is removed afterwards.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { removeShaperBin() }))
+	// goleak calls the cleanup with the exit code instead of exiting.
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) { removeShaperBin(); os.Exit(code) }))
 }
 
 // TestE2EBurstShapedAt100: a burst of 300 jobs published at once reaches an

@@ -149,6 +149,7 @@ type laneRec struct {
 	lane *drain.Lane
 	src  *sources.JetStream
 	sink drain.Sink
+	dead drain.Sink // the dead-letter publisher (its own connection once used)
 }
 
 // newLane creates (but does not start) the lane name: its dead-letter
@@ -182,11 +183,12 @@ func (d *Daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 	if err != nil {
 		return nil, fmt.Errorf("lane %q: sink: %w", name, err)
 	}
+	dead := sinks.NewNATS(d.js, lc.DeadLetter.Subject)
 	opts := []drain.Option{
 		drain.WithLogger(d.log),
 		drain.WithMetrics(d.m.Lane(name, float64(lc.Rate.Limit))),
 		drain.WithWaiter(d.waiter()),
-		drain.WithDeadLetter(sinks.NewNATS(d.js, lc.DeadLetter.Subject)),
+		drain.WithDeadLetter(dead),
 	}
 	if lc.Rate.Global {
 		opts = append(opts, drain.WithGlobal(d.redis.Lane(name), d.cfg.Redis.ReplicasHint))
@@ -194,10 +196,11 @@ func (d *Daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 	lane, err := drain.New(name, lc, src, sink, opts...)
 	if err != nil {
 		closeSink(sink)
+		closeSink(dead)
 		return nil, err
 	}
 	d.applyStored(name, lane) // an operator's pause or purge kept on the server
-	return &laneRec{cfg: lc, lane: lane, src: src, sink: sink}, nil
+	return &laneRec{cfg: lc, lane: lane, src: src, sink: sink, dead: dead}, nil
 }
 
 // startRedis creates the client of global rates (SPEC §3). Redis being
@@ -277,7 +280,7 @@ func (d *Daemon) Drain(ctx context.Context) drain.Summary {
 		go func() {
 			defer wg.Done()
 			s := rec.lane.Drain(ctx)
-			closeSink(rec.sink)
+			rec.closeSinks()
 			mu.Lock()
 			total.Delivered += s.Delivered
 			total.Nacked += s.Nacked

@@ -46,7 +46,7 @@ func (d *Daemon) Reload(ctx context.Context, cfg *config.Config) {
 			dctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 			defer cancel()
 			rec.lane.Drain(dctx)
-			closeSink(rec.sink)
+			rec.closeSinks()
 		}()
 	}
 	d.failed = map[string]string{} // retried below with the new configuration
@@ -69,7 +69,7 @@ func (d *Daemon) Reload(ctx context.Context, cfg *config.Config) {
 			dctx, cancel := context.WithTimeout(ctx, drainTimeout)
 			rec.lane.Drain(dctx)
 			cancel()
-			closeSink(rec.sink)
+			rec.closeSinks()
 			nrec, err := d.newLane(ctx, name, lc)
 			if err != nil {
 				d.log.Error("reload: lane could not restart", "lane", name, "err", err)

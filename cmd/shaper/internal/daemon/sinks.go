@@ -41,3 +41,10 @@ func closeSink(s drain.Sink) {
 		_ = c.Close()
 	}
 }
+
+// closeSinks closes the lane's sink and its dead-letter publisher, after
+// the lane drained.
+func (rec *laneRec) closeSinks() {
+	closeSink(rec.sink)
+	closeSink(rec.dead)
+}
