@@ -97,13 +97,16 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			return err
 		}
 		url = d.ns.ClientURL()
-		d.log.Info("embedded nats started", "url", url, "store_dir", d.cfg.NATS.Embedded.StoreDir)
+		d.log.Info("embedded nats started", "url", config.RedactURL(url), "store_dir", d.cfg.NATS.Embedded.StoreDir)
 	}
 	if d.nc, err = sources.Connect(url, d.log); err != nil {
 		return err
 	}
 	if d.js, err = jetstream.New(d.nc); err != nil {
 		return fmt.Errorf("jetstream: %w", err)
+	}
+	if err := sources.CheckJetStream(ctx, d.js, config.RedactURL(url)); err != nil {
+		return err
 	}
 	if err := sources.EnsureStream(ctx, d.js, DeadStream, []string{DeadSubjects}); err != nil {
 		return fmt.Errorf("dead-letter stream: %w", err)
@@ -129,7 +132,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	for _, rec := range d.lanes {
 		rec.lane.Start()
 	}
-	d.log.Info("shaper ready", "lanes", len(d.lanes), "nats", url)
+	d.log.Info("shaper ready", "lanes", len(d.lanes), "nats", config.RedactURL(url)) // credentials masked (issue 12)
 	return nil
 }
 
@@ -200,7 +203,7 @@ func (d *Daemon) startRedis(ctx context.Context) error {
 	d.redis = r
 	lctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	addr := d.cfg.Redacted().Redis.Addr
+	addr := config.RedactURL(d.cfg.Redacted().Redis.Addr)
 	if err := r.Load(lctx); err != nil {
 		d.log.Warn("redis unreachable at start: global lanes pace locally at limit / replicas_hint until it answers",
 			"redis", addr, "err", err)
