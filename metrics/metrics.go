@@ -8,6 +8,7 @@ package metrics
 import (
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -44,6 +45,16 @@ type Metrics struct {
 	Paused         *prometheus.GaugeVec
 	Fallback       *prometheus.GaugeVec
 	Redelivered    *prometheus.CounterVec
+
+	// ReloadSuccessful is shaper_config_last_reload_successful: 1 when the
+	// last configuration loaded (at start or by a reload: SIGHUP, a change
+	// of the file) was valid and applied, 0 when it was rejected and the
+	// running one stayed. Named as Prometheus and Alertmanager name theirs.
+	// 0 until the daemon sets it with [Metrics.ConfigLoaded].
+	ReloadSuccessful prometheus.Gauge
+	// ReloadSuccessTime is shaper_config_last_reload_success_timestamp_seconds:
+	// the Unix time in seconds of the last configuration applied.
+	ReloadSuccessTime prometheus.Gauge
 
 	reg    prometheus.Registerer
 	mu     sync.Mutex
@@ -153,9 +164,25 @@ func New(reg prometheus.Registerer) *Metrics {
 		Paused:       f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_lane_paused", Help: "1 while the lane's departures are paused by a downstream's Retry-After."}, lane),
 		Fallback:     f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_global_limiter_fallback", Help: "1 while Redis is unreachable and the lane paces locally at limit/replicas_hint."}, lane),
 		Redelivered:  f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_redelivered_messages_total", Help: "Messages received with a delivery count above 1."}, lane),
-		reg:          reg,
-		pacing:       map[string]*pacing{},
+		ReloadSuccessful: f.NewGauge(prometheus.GaugeOpts{Name: "shaper_config_last_reload_successful",
+			Help: "1 when the last configuration loaded (start, SIGHUP, a change of the file) was valid and applied, 0 when it was rejected and the running one stayed."}),
+		ReloadSuccessTime: f.NewGauge(prometheus.GaugeOpts{Name: "shaper_config_last_reload_success_timestamp_seconds",
+			Help: "Unix time in seconds of the last configuration applied (start or reload)."}),
+		reg:    reg,
+		pacing: map[string]*pacing{},
 	}
+}
+
+// ConfigLoaded records the outcome of loading the configuration at at: a
+// valid one applied (ok; its time is kept) or one rejected (the time of the
+// last success stays).
+func (m *Metrics) ConfigLoaded(ok bool, at time.Time) {
+	if !ok {
+		m.ReloadSuccessful.Set(0)
+		return
+	}
+	m.ReloadSuccessful.Set(1)
+	m.ReloadSuccessTime.Set(float64(at.UnixNano()) / 1e9)
 }
 
 // Pacing metric names (SPEC §6).

@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # The test command (README): works on a fresh machine by itself.
-# Installs redis-server when missing (the Redis tests use a real one), then
+# Installs redis-server and promtool when missing (the Redis tests use a real
+# redis-server, the alert rules' tests promtool), then
 # runs go vet and the whole suite with the race detector.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "test.sh: installing redis-server" >&2
+# promtool (Debian's prometheus package) runs the alert rules' unit tests
+# (deploy/prometheus/alerts_test.yaml).
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "test.sh: installing ${missing[*]}" >&2
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 echo "test.sh: go vet ./..." >&2

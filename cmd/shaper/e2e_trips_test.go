@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -124,5 +125,64 @@ func TestE2ENoJetStream(t *testing.T) {
 	}
 	if strings.Contains(msg, natsPassword) || strings.Contains(msg, "no responders") {
 		t.Errorf("start error %q shows the password or the raw no-responders error", msg)
+	}
+}
+
+// TestE2EReloadOutcomeMetrics: issue 12 — a rejected reload shows in
+// /metrics, not only in the logs: shaper_config_last_reload_successful is 1
+// from the start, 0 after a reload of a file that does not validate (the
+// success timestamp stays), and 1 again, with a later timestamp, after a
+// valid one.
+func TestE2EReloadOutcomeMetrics(t *testing.T) {
+	good := fmt.Sprintf(`
+nats: { url: "", embedded: { listen: "127.0.0.1:0", store_dir: %q } }
+admin: { listen: "127.0.0.1:0" }
+shutdown: { drain_timeout: 1s }
+downstreams:
+  reload:
+    source: { stream: E2E_RELOAD, subjects: ["e2e.reload.>"] }
+    rate: { limit: 10/s }
+    sink: { kind: log }
+`, filepath.Join(t.TempDir(), "nats"))
+	path := writeFile(t, "config.yaml", good)
+	cfg, _, err := config.Load(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := startLoaded(t, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func() (*config.Config, error) {
+		c, _, err := config.Load(path, nil)
+		return c, err
+	}
+	read := func() (ok, at float64) {
+		s := scrape(t, d.AdminAddr())
+		return metricValue(t, s, "shaper_config_last_reload_successful", map[string]string{}),
+			metricValue(t, s, "shaper_config_last_reload_success_timestamp_seconds", map[string]string{})
+	}
+	ok0, at0 := read()
+	if ok0 != 1 || at0 < float64(time.Now().Add(-time.Minute).Unix()) {
+		t.Fatalf("at start: successful %v, timestamp %v; want 1 and the start time", ok0, at0)
+	}
+	if err := os.WriteFile(path, []byte(strings.Replace(good, "limit: 10/s", "limit: 0/s", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ApplyReload("test", load); err == nil {
+		t.Fatal("a file with limit 0/s was accepted")
+	}
+	if ok, at := read(); ok != 0 || at != at0 {
+		t.Errorf("after a rejected reload: successful %v, timestamp %v; want 0 and %v kept", ok, at, at0)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if err := os.WriteFile(path, []byte(strings.Replace(good, "limit: 10/s", "limit: 20/s", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ApplyReload("test", load); err != nil {
+		t.Fatal(err)
+	}
+	if ok, at := read(); ok != 1 || at <= at0 {
+		t.Errorf("after a valid reload: successful %v, timestamp %v; want 1 and later than %v", ok, at, at0)
 	}
 }

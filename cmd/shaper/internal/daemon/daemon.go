@@ -68,8 +68,10 @@ type Daemon struct {
 func New(cfg *config.Config, log *slog.Logger, stdout io.Writer) *Daemon {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return &Daemon{cfg: cfg, log: log, reg: reg, m: metrics.New(reg), stdout: stdout,
+	d := &Daemon{cfg: cfg, log: log, reg: reg, m: metrics.New(reg), stdout: stdout,
 		waiter: drain.NewPreciseWaiter}
+	d.m.ConfigLoaded(true, time.Now()) // cfg was loaded and validated
+	return d
 }
 
 // Start brings everything up; on error it tears down what it started.
