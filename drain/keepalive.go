@@ -39,6 +39,7 @@ func (l *Lane) houseLoop() {
 			l.m.BucketDepth.Set(float64(l.bucket.Len()))
 			l.sweepExpired(now, false)
 			l.flushDeadLetterLog(now, false)
+			l.probeIdle(now)
 		case <-progress.C:
 			l.touch(time.Now(), ackWait/2)
 		}
