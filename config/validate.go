@@ -188,6 +188,7 @@ func validate(c *Config, p *problems) []Warning {
 	for _, name := range names {
 		v.lane(name, c.Downstreams[name])
 	}
+	v.deadLetterStream()
 	v.acrossLanes(names)
 	return v.warns
 }
@@ -376,6 +377,7 @@ func (v *validator) lane(name string, l Lane) {
 			v.warn(k("source.max_ack_pending"), "%d is below bucket.capacity + task.max_in_flight (%d): the bucket can never fill", mapn, need)
 		}
 	}
+	v.retention(k, l)
 	v.check(l.Source.MaxMessageBytes >= 0, k("source.max_message_bytes"),
 		"must be ≥ 0 (0 = no limit), got %d", l.Source.MaxMessageBytes)
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/pflag"
 
 	"github.com/shaper-dev/shaper/config"
@@ -184,5 +186,28 @@ downstreams:
 	}
 	if ok, at := read(); ok != 1 || at <= at0 {
 		t.Errorf("after a valid reload: successful %v, timestamp %v; want 1 and later than %v", ok, at, at0)
+	}
+}
+
+// TestE2EStreamRetentionDefaults: issue 12 — the streams the daemon creates
+// no longer keep every message forever: the source stream gets
+// source.retention's default (limits, max_age 7 days), the dead-letter
+// stream dead_letter_stream's (max_age 30 days).
+func TestE2EStreamRetentionDefaults(t *testing.T) {
+	d := startDaemon(t, strings.Replace(authConfig(""), `nats: { url: "" }`,
+		fmt.Sprintf(`nats: { url: "", embedded: { listen: "127.0.0.1:0", store_dir: %q } }`, filepath.Join(t.TempDir(), "nats")), 1))
+	waitReady(t, d.AdminAddr(), 10*time.Second)
+	js := connectJS(t, d.NATSURL())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for name, want := range map[string]time.Duration{"E2E_CREDS": 7 * 24 * time.Hour, "SHAPER_DEAD": 30 * 24 * time.Hour} {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := st.CachedInfo().Config
+		if c.Retention != jetstream.LimitsPolicy || c.MaxAge != want {
+			t.Errorf("stream %s: retention %v, max_age %v; want limits, %v", name, c.Retention, c.MaxAge, want)
+		}
 	}
 }
