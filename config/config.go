@@ -22,6 +22,8 @@ type Config struct {
 	Admin    Admin    `mapstructure:"admin"`
 	Log      Log      `mapstructure:"log"`
 	Shutdown Shutdown `mapstructure:"shutdown"`
+	// DeadLetterStream limits the dead-letter streams shaper creates.
+	DeadLetterStream DeadLetterStream `mapstructure:"dead_letter_stream"`
 	// Downstreams maps lane names ([a-z0-9_-]+, lower case) to lanes. At
 	// least one lane is required.
 	Downstreams map[string]Lane `mapstructure:"downstreams"`
@@ -146,6 +148,8 @@ type Source struct {
 	// payload is larger, instead of sending it downstream. ≥ 0; 0 (default)
 	// = no limit.
 	MaxMessageBytes int `mapstructure:"max_message_bytes"`
+	// Retention limits the stream when shaper creates it (config/retention.go).
+	Retention Retention `mapstructure:"retention"`
 }
 
 // Bucket is the bounded FIFO of a lane.

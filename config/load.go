@@ -74,6 +74,11 @@ func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 			v.SetConfigType("yaml")
 		}
 		if err := v.ReadInConfig(); err != nil {
+			if raw, rerr := os.ReadFile(path); rerr == nil {
+				if yerr := yamlSyntaxError(raw); yerr != nil { // the line of the problem (yamlerr.go)
+					return nil, warns, fmt.Errorf("config: %s: %w", path, yerr)
+				}
+			}
 			return nil, warns, fmt.Errorf("config: read %s: %w", path, err)
 		}
 	}
@@ -108,11 +113,15 @@ func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 		}
 	}
 	known := make(map[string]bool, len(keys))
+	origin := map[string]string{} // key → the variable or flag its value came from
 	for _, k := range keys {
 		if err := v.BindEnv(k, EnvName(k)); err != nil {
 			return nil, warns, fmt.Errorf("config: bind %s: %w", k, err)
 		}
 		known[EnvName(k)] = true
+		if val, ok := os.LookupEnv(EnvName(k)); ok && val != "" { // viper ignores empty ones
+			origin[k] = EnvName(k)
+		}
 	}
 	// A misspelt override, or one for a lane the file lacks, would silently
 	// not apply: say so.
@@ -140,6 +149,7 @@ func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 			switch {
 			case ok && bindErr == nil:
 				bindErr = v.BindPFlag(k, f)
+				origin[k] = "--" + f.Name
 			case !ok && strings.HasPrefix(EnvName(f.Name), EnvName("downstreams")+"_"):
 				warns = append(warns, Warning{Key: "--" + f.Name, Message: "flag matches no key of a lane in the file: ignored"})
 			}
@@ -153,6 +163,7 @@ func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 	expandSecrets(p, c)
 	fillDerived(c)
 	warns = append(warns, validate(c, p)...)
+	p.attribute(origin)
 	if err := p.err(); err != nil {
 		return nil, warns, err
 	}

@@ -79,12 +79,18 @@ func loadErr(t *testing.T, text string) error {
 	return err
 }
 
-// requireProblem fails unless err has a line "<key>: ..." that contains
+// requireProblem fails unless err has a line "<key>: ..." (or "<key> (from
+// <origin>): ..." for a value from the environment or a flag) that contains
 // every one of want (the offending value, a word of the message).
 func requireProblem(t *testing.T, err error, key string, want ...string) {
 	t.Helper()
 	for _, line := range strings.Split(err.Error(), "\n") {
 		rest, ok := strings.CutPrefix(line, key+": ")
+		if !ok {
+			if after, from := strings.CutPrefix(line, key+" (from "); from {
+				_, rest, ok = strings.Cut(after, "): ")
+			}
+		}
 		if !ok {
 			continue
 		}
@@ -146,6 +152,10 @@ func runBroken(t *testing.T, cases []brokenCase) {
 			for _, fe := range fieldErrors(t, err) {
 				if fe.Key == "" || fe.Message == "" {
 					t.Errorf("empty key or message: %#v", fe)
+				}
+				// Issue 12: a value from the environment says so.
+				if v, ok := tc.env[config.EnvName(fe.Key)]; ok && v != "" && fe.From != config.EnvName(fe.Key) {
+					t.Errorf("%s: From %q, want %s (the value came from there)", fe.Key, fe.From, config.EnvName(fe.Key))
 				}
 			}
 		})

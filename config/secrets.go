@@ -187,31 +187,74 @@ func (c *Config) shownRaw(key, value string) string {
 	return maskPassword(value)
 }
 
-// maskPassword masks the password of every URL in a comma-separated list.
-func maskPassword(s string) string {
-	if !strings.Contains(s, "@") {
+// maskPassword is RedactURL, for the loader's messages.
+func maskPassword(s string) string { return RedactURL(s) }
+
+// RedactedSecret is what RedactURL puts in place of a password, a token
+// user name or a credential query value.
+const RedactedSecret = "***"
+
+// RedactURL returns s, a URL or a comma-separated list of them (nats.url's
+// seeds, redis.addr, sink.url), safe to log or show: the password of each is
+// replaced by [RedactedSecret] ("nats://bob:hunter2@h:4222" →
+// "nats://bob:***@h:4222"), a user name without a password, which may be a
+// token ("https://TOKEN@h"), too, and so are the values of query parameters
+// whose name suggests a credential (password, token, secret, key, auth…). An
+// item with an "@" that does not parse as a URL with a host keeps only what
+// follows its last "@". Items without credentials are returned unchanged.
+// Every log line, metric and API answer that shows one of these keys goes
+// through it (issue 12).
+func RedactURL(s string) string {
+	if !strings.ContainsAny(s, "@?") {
 		return s
 	}
 	parts := strings.Split(s, ",")
 	for i, part := range parts {
-		u, err := url.Parse(strings.TrimSpace(part))
-		if err != nil {
-			if strings.Contains(part, "@") {
-				parts[i] = redactedValue
-			}
-			continue
-		}
-		if u.User != nil {
-			// A user name alone may be a token (https://TOKEN@host): mask it too.
-			if _, has := u.User.Password(); has {
-				u.User = url.UserPassword(u.User.Username(), "xxxxx")
-			} else {
-				u.User = url.User("xxxxx")
-			}
-			parts[i] = u.String()
-		}
+		parts[i] = redactOne(part)
 	}
 	return strings.Join(parts, ",")
+}
+
+func redactOne(part string) string {
+	lead := part[:len(part)-len(strings.TrimLeft(part, " \t"))]
+	item := strings.TrimSpace(part)
+	u, err := url.Parse(item)
+	if err != nil || u.Host == "" || u.Opaque != "" {
+		if at := strings.LastIndex(item, "@"); at >= 0 {
+			return lead + RedactedSecret + "@" + item[at+1:]
+		}
+		return part
+	}
+	changed := false
+	if q := u.Query(); len(q) > 0 {
+		for k := range q {
+			if sensitiveHeader(k) {
+				q[k] = []string{RedactedSecret}
+				changed = true
+			}
+		}
+		if changed {
+			u.RawQuery = strings.ReplaceAll(q.Encode(), url.QueryEscape(RedactedSecret), RedactedSecret)
+		}
+	}
+	if u.User == nil {
+		if !changed {
+			return part
+		}
+		return lead + u.String()
+	}
+	user := RedactedSecret
+	if _, has := u.User.Password(); has {
+		user = url.User(u.User.Username()).String() + ":" + RedactedSecret
+	}
+	u.User = nil
+	out := u.String()
+	// u.String() without the user info is scheme://host...: put it back,
+	// unescaped, after the scheme.
+	if pre := u.Scheme + "://"; strings.HasPrefix(out, pre) {
+		return lead + pre + user + "@" + out[len(pre):]
+	}
+	return lead + RedactedSecret + "@" + u.Host
 }
 
 func sensitiveHeader(name string) bool {

@@ -61,10 +61,23 @@ type FieldError struct {
 	// Message says what is wrong and quotes the offending value, except the
 	// value of an ${ENV} reference, which is never shown.
 	Message string
+	// From names where the value came from when it was not the file: the
+	// environment variable ("SHAPER_DOWNSTREAMS_PAYMENTS_RATE_LIMIT") or the
+	// flag ("--log.level") that overrode the key; "" for the file and the
+	// defaults (issue 12: a bad value from the environment was reported
+	// under the file's key path alone).
+	From string
 }
 
-// Error formats e as "<key path>: <what is wrong>".
-func (e *FieldError) Error() string { return e.Key + ": " + e.Message }
+// Error formats e as "<key path>: <what is wrong>", or "<key path> (from
+// <origin>): <what is wrong>" when the value came from the environment or a
+// flag.
+func (e *FieldError) Error() string {
+	if e.From != "" {
+		return e.Key + " (from " + e.From + "): " + e.Message
+	}
+	return e.Key + ": " + e.Message
+}
 
 // problems collects the FieldErrors of one load or validation.
 type problems struct {
@@ -107,6 +120,17 @@ func (p *problems) skip(keys ...string) bool {
 		}
 	}
 	return false
+}
+
+// attribute sets From on the problems whose key (or list key, for
+// "key[i]") is in origin: key path → environment variable or flag.
+func (p *problems) attribute(origin map[string]string) {
+	for _, fe := range p.list {
+		base, _, _ := strings.Cut(fe.Key, "[")
+		if o, ok := origin[base]; ok {
+			fe.From = o
+		}
+	}
 }
 
 // err returns the problems sorted by key (stable) and joined, or nil.
@@ -164,6 +188,7 @@ func validate(c *Config, p *problems) []Warning {
 	for _, name := range names {
 		v.lane(name, c.Downstreams[name])
 	}
+	v.deadLetterStream()
 	v.acrossLanes(names)
 	return v.warns
 }
@@ -368,6 +393,7 @@ func (v *validator) lane(name string, l Lane) {
 			v.warn(k("source.max_ack_pending"), "%d is below bucket.capacity + task.max_in_flight (%d): the bucket can never fill", mapn, need)
 		}
 	}
+	v.retention(k, l)
 	v.check(l.Source.MaxMessageBytes >= 0, k("source.max_message_bytes"),
 		"must be ≥ 0 (0 = no limit), got %d", l.Source.MaxMessageBytes)
 

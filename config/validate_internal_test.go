@@ -117,16 +117,31 @@ func TestExpandEnv(t *testing.T) {
 	}
 }
 
-func TestMaskPassword(t *testing.T) {
+// TestRedactURL: issue 12 — passwords, token user names and credential
+// query values of every URL in a list are masked; the rest is kept.
+func TestRedactURL(t *testing.T) {
 	for in, want := range map[string]string{
-		"nats://u:pw@h:4222":               "nats://u:xxxxx@h:4222",
-		"https://token@h/x":                "https://xxxxx@h/x",
-		"nats://a:4222,nats://u:pw@b:4222": "nats://a:4222,nats://u:xxxxx@b:4222",
-		"127.0.0.1:6379":                   "127.0.0.1:6379",
-		"http://example.com/callback?x=1":  "http://example.com/callback?x=1",
+		"nats://bob:hunter2@h:4222":                    "nats://bob:***@h:4222",
+		"https://token@h/x":                            "https://***@h/x",
+		"nats://a:4222,nats://u:pw@b:4222":             "nats://a:4222,nats://u:***@b:4222",
+		"nats://u:p1@a:4222, nats://u:p2@b:4222":       "nats://u:***@a:4222, nats://u:***@b:4222",
+		"tls://u:p%40ss@h:4222":                        "tls://u:***@h:4222",
+		"redis://:s3cret@127.0.0.1:6379/2":             "redis://:***@127.0.0.1:6379/2",
+		"rediss://default:pw@r1:6380,rediss://r2:6380": "rediss://default:***@r1:6380,rediss://r2:6380",
+		"bob:hunter2@host:4222":                        "***@host:4222",
+		"https://h/cb?token=abc&x=1":                   "https://h/cb?token=***&x=1",
+		"127.0.0.1:6379":                               "127.0.0.1:6379",
+		"http://example.com/callback?x=1":              "http://example.com/callback?x=1",
+		"":                                             "",
 	} {
-		if got := maskPassword(in); got != want {
-			t.Errorf("maskPassword(%q) = %q, want %q", in, got, want)
+		got := RedactURL(in)
+		if got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+		for _, secret := range []string{"hunter2", "s3cret", "p1", "p2", "p%40ss", "abc", ":pw@"} {
+			if strings.Contains(in, secret) && strings.Contains(got, secret) {
+				t.Errorf("RedactURL(%q) = %q still shows %q", in, got, secret)
+			}
 		}
 	}
 }

@@ -7,6 +7,7 @@ package deploy
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -200,5 +201,28 @@ func TestSystemdUnit(t *testing.T) {
 	}
 	if !strings.Contains(string(raw), "KillSignal=SIGTERM") {
 		t.Error("the unit must stop shaper with SIGTERM (graceful drain)")
+	}
+}
+
+// TestAlertRulesPromtool runs `promtool check rules` and `promtool test
+// rules` on prometheus/alerts.yaml and its unit tests
+// (prometheus/alerts_test.yaml: the fallback alert keeps the instance
+// label, ShaperConfigReloadFailed fires on a rejected reload). Without
+// promtool the test is skipped, except in CI (CI=true), where that is a
+// failure: scripts/test.sh installs it.
+func TestAlertRulesPromtool(t *testing.T) {
+	bin, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("promtool not found (scripts/test.sh installs it)")
+		}
+		t.Skip("promtool not found; run scripts/test.sh to install it")
+	}
+	for _, args := range [][]string{{"check", "rules", "alerts.yaml"}, {"test", "rules", "alerts_test.yaml"}} {
+		cmd := exec.Command(bin, args...)
+		cmd.Dir = "prometheus"
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
 	}
 }

@@ -95,7 +95,7 @@ func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status 
 	}
 	l.deadLettered.Add(1)
 	l.m.DeadLetters[reason].Inc()
-	l.log.Info("dead-lettered", "msg_id", m.Key(), "reason", reason, "attempt", m.NumDelivered)
+	l.logDeadLetter(m.Key(), reason, m.NumDelivered)
 	return true
 }
 

@@ -31,6 +31,11 @@ type GlobalSchedule interface {
 	// Retry-After seen by any replica pauses all of them): no replica gets
 	// a slot before it.
 	Pause(ctx context.Context, until time.Time) error
+	// Probe asks the shared store whether it answers, without taking a
+	// slot: a lane in fallback with nothing to depart uses it to clear
+	// shaper_global_limiter_fallback as soon as the store is back (issue
+	// 12). nil means it answered.
+	Probe(ctx context.Context) error
 }
 
 // SlotRequest is one reservation on a GlobalSchedule.
@@ -92,6 +97,12 @@ type globalState struct {
 	// reservations ask for no slack, so the schedule, idle while this
 	// replica paced alone, grants none (SPEC G2).
 	noCredit bool
+
+	// fallbackNow mirrors fallback for the house loop (probeIdle), and
+	// probedBack says the house loop saw the store answer during this
+	// fallback; houseProbeAt is the house loop's own.
+	fallbackNow, probedBack atomic.Bool
+	houseProbeAt            time.Time
 }
 
 // globalAt is step 3 of departLoop for a global lane, called once the local
@@ -127,9 +138,12 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 		}
 		g.nextProbe = now.Add(globalProbeEvery)
 		if g.fallback {
+			l.m.Fallback.Set(1) // the house loop may have seen it answer meanwhile
 			return now, true
 		}
 		g.fallback = true
+		g.probedBack.Store(false)
+		g.fallbackNow.Store(true)
 		l.setReduced(true, now)
 		l.mu.Lock()
 		at = l.pacer.Next(now) // the reduced rate from this departure on
@@ -141,6 +155,7 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 	}
 	if g.fallback {
 		g.fallback = false
+		g.fallbackNow.Store(false)
 		g.noCredit = true
 		g.fullAt = now.Add(globalReturnGrace)
 		l.m.Fallback.Set(0)
@@ -183,5 +198,30 @@ func (l *Lane) pauseGlobal(until time.Time) {
 	defer cancel()
 	if err := l.global.g.Pause(ctx, until); err != nil {
 		l.log.Debug("shared pause not propagated", "until", until.Format(time.RFC3339Nano), "err", err)
+	}
+}
+
+// probeIdle runs on the house loop's tick: while the lane is in fallback and
+// has nothing to depart (so no departure asks the store), it probes the
+// shared store every globalProbeEvery and sets shaper_global_limiter_fallback
+// from the answer, so the gauge returns to 0 when Redis answers again even
+// with no departures (it stayed at 1, issue 12). The lane rejoins the shared
+// schedule at its next departure, which asks the store itself (globalAt).
+func (l *Lane) probeIdle(now time.Time) {
+	g := l.global
+	if g == nil || !g.fallbackNow.Load() || l.bucket.Len() > 0 || now.Before(g.houseProbeAt) {
+		return
+	}
+	g.houseProbeAt = now.Add(globalProbeEvery)
+	ctx, cancel := context.WithTimeout(context.Background(), globalPauseTimeout)
+	err := g.g.Probe(ctx)
+	cancel()
+	if err != nil {
+		l.m.Fallback.Set(1)
+		return
+	}
+	l.m.Fallback.Set(0)
+	if !g.probedBack.Swap(true) {
+		l.log.Info("redis answers again: the lane, idle, takes its next departure from the shared schedule")
 	}
 }

@@ -74,6 +74,15 @@ func (f *fakeSchedule) Pause(ctx context.Context, until time.Time) error {
 	return nil
 }
 
+func (f *fakeSchedule) Probe(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down {
+		return errFakeDown
+	}
+	return nil
+}
+
 func (f *fakeSchedule) set(fn func(f *fakeSchedule)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -22,6 +22,7 @@ func (l *Lane) houseLoop() {
 	for {
 		select {
 		case <-l.houseStop:
+			l.flushDeadLetterLog(time.Now(), true) // the tasks are done: the last summary
 			return
 		case now := <-gauge.C:
 			now = time.Now()
@@ -41,6 +42,8 @@ func (l *Lane) houseLoop() {
 			}
 			l.m.BucketDepth.Set(float64(l.bucket.Len()))
 			l.sweepExpired(now, false)
+			l.flushDeadLetterLog(now, false)
+			l.probeIdle(now)
 		case <-progress.C:
 			l.touch(time.Now(), ackWait/2)
 		}

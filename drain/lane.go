@@ -110,6 +110,8 @@ type Lane struct {
 	delivered, nacked, deadLettered atomic.Int64
 	failures                        atomic.Int64 // failed attempts since the last warning
 	failureLogAt                    atomic.Int64 // unix ns of the last warning
+
+	dlLog deadLetterLog // rate limit of the dead-letter lines (deadletter_log.go)
 }
 
 // New returns a lane named name for cfg, reading from src and delivering to

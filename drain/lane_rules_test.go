@@ -220,6 +220,10 @@ func TestLaneMaxWaitCountsThePause(t *testing.T) {
 				t.Errorf("max_wait dead letter says %s attempts, want 0 (never attempted)", got)
 				break
 			}
+			if got, ok := d.header[HeaderLastStatus]; ok {
+				t.Errorf("max_wait dead letter has %s %v, want none (never attempted)", HeaderLastStatus, got)
+				break
+			}
 		}
 	})
 }

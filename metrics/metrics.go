@@ -8,6 +8,7 @@ package metrics
 import (
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -44,6 +45,16 @@ type Metrics struct {
 	Paused         *prometheus.GaugeVec
 	Fallback       *prometheus.GaugeVec
 	Redelivered    *prometheus.CounterVec
+
+	// ReloadSuccessful is shaper_config_last_reload_successful: 1 when the
+	// last configuration loaded (at start or by a reload: SIGHUP, a change
+	// of the file) was valid and applied, 0 when it was rejected and the
+	// running one stayed. Named as Prometheus and Alertmanager name theirs.
+	// 0 until the daemon sets it with [Metrics.ConfigLoaded].
+	ReloadSuccessful prometheus.Gauge
+	// ReloadSuccessTime is shaper_config_last_reload_success_timestamp_seconds:
+	// the Unix time in seconds of the last configuration applied.
+	ReloadSuccessTime prometheus.Gauge
 
 	reg    prometheus.Registerer
 	mu     sync.Mutex
@@ -111,11 +122,32 @@ func appendAbove(b []float64, more ...float64) []float64 {
 	return b
 }
 
+// e12 is the E12 series of preferred numbers: neighbours are at most 25 %
+// apart (1.2 → 1.5), and they print as round numbers.
+var e12 = []float64{1, 1.2, 1.5, 1.8, 2.2, 2.7, 3.3, 3.9, 4.7, 5.6, 6.8, 8.2}
+
+// QueueWaitBuckets returns the buckets of shaper_queue_wait_seconds, in
+// seconds: 1 ms to 50 ms coarsely (a wait of a few intervals), then the E12
+// series from 0.1 s to 820 s, so that any wait in that range lies in a
+// bucket whose bounds are at most 25 % apart, then 1000 s to 1 h. The waits
+// a full bucket produces, capacity / limit (SPEC G7: 1,000 at 100/s is
+// 10 s, at 1/s 1,000 s), fall in the dense range; with the earlier
+// 10 s → 30 s step a real p99 of 14 s read as 28.8 s (issue 12). The
+// histogram is also a native one (factor 1.1) for scrapers that ask for it.
+func QueueWaitBuckets() []float64 {
+	b := []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05}
+	for _, decade := range []float64{0.1, 1, 10, 100} {
+		for _, m := range e12 {
+			b = append(b, roundSig(m*decade))
+		}
+	}
+	return append(b, 1000, 1200, 1800, 2700, 3600)
+}
+
 // New creates the metrics on reg (never the global default registerer).
 func New(reg prometheus.Registerer) *Metrics {
 	f := promauto.With(reg)
 	lane := []string{"lane"}
-	waitBuckets := []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
 	return &Metrics{
 		BucketDepth:    f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_bucket_depth_messages", Help: "Messages waiting in the bucket for their departure."}, lane),
 		BucketCapacity: f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_bucket_capacity_messages", Help: "Configured bucket capacity in messages."}, lane),
@@ -126,14 +158,31 @@ func New(reg prometheus.Registerer) *Metrics {
 		Deliveries:     f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_deliveries_total", Help: "Finished tasks by what they led to: success (acked), retry (nak'd), dead_letter."}, []string{"lane", "outcome"}),
 		DeadLetters:    f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_dead_letters_total", Help: "Messages published to the dead-letter subject, by reason."}, []string{"lane", "reason"}),
 		Retries:        f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_retries_total", Help: "Messages handed back for redelivery, by reason: error, timeout, rate_limited (downstream pushback), drain (shutdown leftovers)."}, []string{"lane", "reason"}),
-		QueueWait:      f.NewHistogramVec(prometheus.HistogramOpts{Name: "shaper_queue_wait_seconds", Help: "Time from admission into the bucket to departure, in seconds.", Buckets: waitBuckets}, lane),
-		TaskDuration:   f.NewHistogramVec(prometheus.HistogramOpts{Name: "shaper_task_duration_seconds", Help: "Sink call duration in seconds, by outcome: success, error, timeout.", Buckets: prometheus.DefBuckets}, []string{"lane", "outcome"}),
-		Paused:         f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_lane_paused", Help: "1 while the lane's departures are paused by a downstream's Retry-After."}, lane),
-		Fallback:       f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_global_limiter_fallback", Help: "1 while Redis is unreachable and the lane paces locally at limit/replicas_hint."}, lane),
-		Redelivered:    f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_redelivered_messages_total", Help: "Messages received with a delivery count above 1."}, lane),
-		reg:            reg,
-		pacing:         map[string]*pacing{},
+		QueueWait: f.NewHistogramVec(prometheus.HistogramOpts{Name: "shaper_queue_wait_seconds", Help: "Time from admission into the bucket to departure, in seconds.",
+			Buckets: QueueWaitBuckets(), NativeHistogramBucketFactor: 1.1, NativeHistogramMaxBucketNumber: 160}, lane),
+		TaskDuration: f.NewHistogramVec(prometheus.HistogramOpts{Name: "shaper_task_duration_seconds", Help: "Sink call duration in seconds, by outcome: success, error, timeout.", Buckets: prometheus.DefBuckets}, []string{"lane", "outcome"}),
+		Paused:       f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_lane_paused", Help: "1 while the lane's departures are paused by a downstream's Retry-After."}, lane),
+		Fallback:     f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_global_limiter_fallback", Help: "1 while Redis is unreachable and the lane paces locally at limit/replicas_hint."}, lane),
+		Redelivered:  f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_redelivered_messages_total", Help: "Messages received with a delivery count above 1."}, lane),
+		ReloadSuccessful: f.NewGauge(prometheus.GaugeOpts{Name: "shaper_config_last_reload_successful",
+			Help: "1 when the last configuration loaded (start, SIGHUP, a change of the file) was valid and applied, 0 when it was rejected and the running one stayed."}),
+		ReloadSuccessTime: f.NewGauge(prometheus.GaugeOpts{Name: "shaper_config_last_reload_success_timestamp_seconds",
+			Help: "Unix time in seconds of the last configuration applied (start or reload)."}),
+		reg:    reg,
+		pacing: map[string]*pacing{},
 	}
+}
+
+// ConfigLoaded records the outcome of loading the configuration at at: a
+// valid one applied (ok; its time is kept) or one rejected (the time of the
+// last success stays).
+func (m *Metrics) ConfigLoaded(ok bool, at time.Time) {
+	if !ok {
+		m.ReloadSuccessful.Set(0)
+		return
+	}
+	m.ReloadSuccessful.Set(1)
+	m.ReloadSuccessTime.Set(float64(at.UnixNano()) / 1e9)
 }
 
 // Pacing metric names (SPEC §6).

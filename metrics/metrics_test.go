@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,7 +29,16 @@ func TestSeriesExistFromStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := map[string]int{}
+	process := map[string]bool{ // not per lane: one series each
+		"shaper_config_last_reload_successful": true, "shaper_config_last_reload_success_timestamp_seconds": true}
 	for _, mf := range mfs {
+		if process[mf.GetName()] {
+			if n := len(mf.GetMetric()); n != 1 {
+				t.Errorf("%s: %d series, want 1", mf.GetName(), n)
+			}
+			delete(process, mf.GetName())
+			continue
+		}
 		got[mf.GetName()] = len(mf.GetMetric())
 		for _, s := range mf.GetMetric() {
 			if v := s.GetGauge().GetValue() + s.GetCounter().GetValue() + float64(s.GetHistogram().GetSampleCount()); v != 0 {
@@ -42,7 +52,10 @@ func TestSeriesExistFromStart(t *testing.T) {
 		}
 	}
 	if len(got) != len(want) {
-		t.Errorf("registry has %d metrics, want %d", len(got), len(want))
+		t.Errorf("registry has %d lane metrics, want %d", len(got), len(want))
+	}
+	for name := range process {
+		t.Errorf("%s missing from the start", name)
 	}
 }
 
@@ -73,7 +86,7 @@ func TestPacingBucketsResolveOnePercent(t *testing.T) {
 	m.Remove("a")
 	mfs, _ := reg.Gather()
 	for _, mf := range mfs {
-		if len(mf.GetMetric()) > 0 {
+		if len(mf.GetMetric()) > 0 && !strings.HasPrefix(mf.GetName(), "shaper_config_") {
 			t.Errorf("%s still has series after Remove", mf.GetName())
 		}
 	}
@@ -89,5 +102,61 @@ func TestMetricsLint(t *testing.T) {
 	}
 	for _, p := range problems {
 		t.Errorf("%s: %s", p.Metric, p.Text)
+	}
+}
+
+// TestQueueWaitBucketsResolveWaits: issue 12 — a wait of 14 s (a p99 near
+// capacity / limit) lies in a bucket whose bounds are at most 25 % apart,
+// and so does every wait from 0.1 s to 800 s; the buckets rise and end at
+// one hour or more.
+func TestQueueWaitBucketsResolveWaits(t *testing.T) {
+	b := QueueWaitBuckets()
+	for i := 1; i < len(b); i++ {
+		if b[i] <= b[i-1] {
+			t.Fatalf("buckets not increasing at %d: %v", i, b)
+		}
+	}
+	if b[len(b)-1] < 3600 {
+		t.Errorf("last bucket %v s, want at least an hour", b[len(b)-1])
+	}
+	bracket := func(v float64) (lo, hi float64) {
+		for i := 1; i < len(b); i++ {
+			if v > b[i-1] && v <= b[i] {
+				return b[i-1], b[i]
+			}
+		}
+		return 0, 0
+	}
+	if lo, hi := bracket(14); hi/lo > 1.25 || lo == 0 {
+		t.Errorf("14 s lies in (%v, %v]: bounds %.0f %% apart, want ≤ 25 %%", lo, hi, 100*(hi/lo-1))
+	}
+	for v := 0.101; v < 800; v *= 1.03 {
+		if lo, hi := bracket(v); lo == 0 || hi/lo > 1.2501 {
+			t.Errorf("%.3g s lies in (%v, %v], want bounds ≤ 25 %% apart", v, lo, hi)
+		}
+	}
+	// The series registered by New uses them.
+	reg := prometheus.NewRegistry()
+	New(reg).Lane("a", 100).QueueWait.Observe(14)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "shaper_queue_wait_seconds" {
+			continue
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		if got := len(h.GetBucket()); got != len(b) {
+			t.Errorf("shaper_queue_wait_seconds has %d buckets, want QueueWaitBuckets' %d", got, len(b))
+		}
+		for _, bk := range h.GetBucket() {
+			if bk.GetCumulativeCount() == 1 && bk.GetUpperBound() > 14*1.25 {
+				t.Errorf("the first bucket counting 14 s ends at %v", bk.GetUpperBound())
+			}
+			if bk.GetCumulativeCount() == 1 {
+				break
+			}
+		}
 	}
 }

@@ -373,6 +373,24 @@ func (s *LaneSlots) reserve(ctx context.Context, r drain.SlotRequest) (lease, er
 	return lease{first: s.sync.local(start), interval: interval, n: k}, nil
 }
 
+// Probe asks Redis whether the lane's schedule answers (drain.GlobalSchedule):
+// one run of the script's "time" operation on the lane's key, so it reaches
+// the node that holds the key and reloads the script after a restart; it
+// takes no slot. Once the clock is synced, the answer refines it. An error means
+// Redis failed or did not answer within the timeout.
+func (s *LaneSlots) Probe(ctx context.Context) error {
+	reply, t0, t1, err := s.run(ctx, "time")
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.sync.set { // the first lease anchors on samples of its own (reserve)
+		s.sync.observe(t0, t1, reply[1])
+	}
+	s.mu.Unlock()
+	return nil
+}
+
 // Pause extends the shared pause of the lane until until (local time): no
 // replica gets a slot before it. A pause that ends earlier than one already
 // set changes nothing.

@@ -5,24 +5,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Installs, when missing: redis-server (the Redis tests use a real one) and
-# chromium (the console test drives it headless; under CI=true a missing
-# browser fails that test). apt-get update runs once, and only if needed.
+# Installs, when missing: redis-server (the Redis tests use a real one),
+# promtool (Debian's prometheus package: the alert rules' unit tests,
+# deploy/prometheus/alerts_test.yaml) and chromium (the console test drives it
+# headless). Under CI=true a missing one fails its tests. apt-get update runs
+# once, and only if needed.
 if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-apt_updated=""
-apt_install() { # apt_install PACKAGE
-  if [ -z "$apt_updated" ]; then
-    $SUDO apt-get update -qq
-    apt_updated=1
-  fi
-  echo "test.sh: installing $1" >&2
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$1" >/dev/null
-}
-if ! command -v redis-server >/dev/null 2>&1; then
-  apt_install redis-server
-fi
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
-  apt_install chromium
+  missing+=(chromium)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "test.sh: installing ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 echo "test.sh: go vet ./..." >&2

@@ -267,6 +267,10 @@ func NewHTTP(cfg HTTPConfig, opts ...Option) (*HTTP, error) {
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
+		// No Accept-Encoding: gzip that Go's transport would add on its
+		// own: the downstream receives only the headers the README lists
+		// (issue 12); only a short snippet of an error body is read.
+		DisableCompression: true,
 	}
 	s.client = &http.Client{
 		Transport: s.transport,

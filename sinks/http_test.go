@@ -323,6 +323,11 @@ func TestHTTPRequest(t *testing.T) {
 					t.Errorf("header %s = %q, want %q", k, r.header[k], v)
 				}
 			}
+			// Issue 12: nothing the README does not list, such as the
+			// Accept-Encoding: gzip Go's transport adds by default.
+			if v, ok := r.header["Accept-Encoding"]; ok {
+				t.Errorf("header Accept-Encoding = %q, want none (not documented)", v)
+			}
 			for k := range r.header {
 				if strings.HasPrefix(k, "X-Nats-") {
 					if _, ok := want[k]; !ok {

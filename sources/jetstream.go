@@ -36,6 +36,9 @@ type JetStreamConfig struct {
 	// MaxAckPending caps the messages the server hands out unacknowledged;
 	// 0 lets the server choose.
 	MaxAckPending int
+	// Limits are the stream's retention and limits when it is created
+	// (source.retention); nil creates it with none (every message kept).
+	Limits *StreamLimits
 }
 
 // JetStream is a lane's source: a durable pull consumer with explicit acks
@@ -60,7 +63,7 @@ func NewJetStream(ctx context.Context, js jetstream.JetStream, cfg JetStreamConf
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &JetStream{js: js, cfg: cfg, log: log.With("stream", cfg.Stream, "consumer", cfg.Durable)}
-	if err := EnsureStream(ctx, js, cfg.Stream, cfg.Subjects); err != nil {
+	if err := EnsureStreamLimits(ctx, js, cfg.Stream, cfg.Subjects, cfg.Limits, log); err != nil {
 		return nil, err
 	}
 	if err := s.bind(ctx); err != nil {
@@ -69,11 +72,25 @@ func NewJetStream(ctx context.Context, js jetstream.JetStream, cfg JetStreamConf
 	return s, nil
 }
 
-// EnsureStream creates stream name capturing subjects, with file storage,
-// when it does not exist. An existing stream is left as it is.
+// EnsureStream creates stream name capturing subjects, with file storage
+// and no limits, when it does not exist: EnsureStreamLimits with nil limits.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, subjects []string) error {
+	return EnsureStreamLimits(ctx, js, name, subjects, nil, nil)
+}
+
+// EnsureStreamLimits creates stream name capturing subjects, with file
+// storage and limits (retention, max age, max bytes; nil = limits retention
+// and no limits), when it does not exist. An existing stream keeps its
+// retention and limits: when they differ from limits (not nil), a warning
+// saying so is logged to log, and nothing is changed (issue 12: changing
+// the retention of a stream in use changes what it keeps, or is refused by
+// the server). An existing stream that lacks some of subjects is extended
+// with them.
+func EnsureStreamLimits(ctx context.Context, js jetstream.JetStream, name string, subjects []string,
+	limits *StreamLimits, log *slog.Logger) error {
 	st, err := js.Stream(ctx, name)
 	if err == nil {
+		limits.warnIfDiffers(log, name, st.CachedInfo().Config)
 		// An existing stream must capture the lane's subjects (two lanes on
 		// one stream, or a subject added to a lane): add what it lacks.
 		cfg := st.CachedInfo().Config
@@ -102,12 +119,14 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, subj
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("stream %q: %w", name, err)
 	}
-	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+	sc := jetstream.StreamConfig{
 		Name:      name,
 		Subjects:  subjects,
 		Storage:   jetstream.FileStorage,
 		Retention: jetstream.LimitsPolicy,
-	})
+	}
+	limits.apply(&sc)
+	_, err = js.CreateStream(ctx, sc)
 	if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		return fmt.Errorf("create stream %q: %w", name, err)
 	}
@@ -205,7 +224,7 @@ func (s *JetStream) fail(ctx context.Context, err error) error {
 	s.bound.Store(false)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
 		errors.Is(err, jetstream.ErrStreamNotFound) {
-		if err := EnsureStream(ctx, s.js, s.cfg.Stream, s.cfg.Subjects); err != nil {
+		if err := EnsureStreamLimits(ctx, s.js, s.cfg.Stream, s.cfg.Subjects, s.cfg.Limits, s.log); err != nil {
 			return err
 		}
 		if berr := s.bind(ctx); berr != nil {

@@ -392,6 +392,17 @@ func startDaemon(t *testing.T, cfgText string) *testDaemon {
 	for _, w := range warns {
 		t.Logf("config warning: %s", w)
 	}
+	td, err := startLoaded(t, cfg)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	return td
+}
+
+// startLoaded starts a daemon for a loaded cfg, capturing its logs, with
+// startDaemon's cleanup; a failed Start is returned with the daemon.
+func startLoaded(t *testing.T, cfg *config.Config) (*testDaemon, error) {
+	t.Helper()
 	logs := &syncBuffer{}
 	d := daemon.New(cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), io.Discard)
 	td := &testDaemon{Daemon: d, cfg: cfg, logs: logs}
@@ -406,9 +417,10 @@ func startDaemon(t *testing.T, cfgText string) *testDaemon {
 		}
 	})
 	if err := d.Start(context.Background()); err != nil {
-		t.Fatalf("start: %v", err)
+		td.drained = true // Start tore down what it started
+		return td, err
 	}
-	return td
+	return td, nil
 }
 
 // stop drains the daemon now.

@@ -75,8 +75,10 @@ type Daemon struct {
 func New(cfg *config.Config, log *slog.Logger, stdout io.Writer) *Daemon {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return &Daemon{cfg: cfg, log: log, reg: reg, m: metrics.New(reg), stdout: stdout,
+	d := &Daemon{cfg: cfg, log: log, reg: reg, m: metrics.New(reg), stdout: stdout,
 		waiter: drain.NewPreciseWaiter}
+	d.m.ConfigLoaded(true, time.Now()) // cfg was loaded and validated
+	return d
 }
 
 // Start brings everything up; on error it tears down what it started.
@@ -104,7 +106,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			return err
 		}
 		url = d.ns.ClientURL()
-		d.log.Info("embedded nats started", "url", url, "store_dir", d.cfg.NATS.Embedded.StoreDir)
+		d.log.Info("embedded nats started", "url", config.RedactURL(url), "store_dir", d.cfg.NATS.Embedded.StoreDir)
 	}
 	if d.nc, err = sources.Connect(url, d.log); err != nil {
 		return err
@@ -112,7 +114,10 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if d.js, err = jetstream.New(d.nc); err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	if err := sources.EnsureStream(ctx, d.js, DeadStream, []string{DeadSubjects}); err != nil {
+	if err := sources.CheckJetStream(ctx, d.js, config.RedactURL(url)); err != nil {
+		return err
+	}
+	if err := sources.EnsureStreamLimits(ctx, d.js, DeadStream, []string{DeadSubjects}, deadLetterLimits(d.cfg.DeadLetterStream), d.log); err != nil {
 		return fmt.Errorf("dead-letter stream: %w", err)
 	}
 	names := make([]string, 0, len(d.cfg.Downstreams))
@@ -139,7 +144,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	for _, rec := range d.lanes {
 		rec.lane.Start()
 	}
-	d.log.Info("shaper ready", "lanes", len(d.lanes), "nats", url)
+	d.log.Info("shaper ready", "lanes", len(d.lanes), "nats", config.RedactURL(url)) // credentials masked (issue 12)
 	return nil
 }
 
@@ -161,7 +166,7 @@ func (d *Daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 	if subj := lc.DeadLetter.Subject; subj != "" {
 		if _, err := d.js.StreamNameBySubject(ctx, subj); err != nil {
 			stream := "SHAPER_DEAD_" + strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(name))
-			if err := sources.EnsureStream(ctx, d.js, stream, []string{subj}); err != nil {
+			if err := sources.EnsureStreamLimits(ctx, d.js, stream, []string{subj}, deadLetterLimits(d.cfg.DeadLetterStream), d.log); err != nil {
 				return nil, fmt.Errorf("lane %q: dead-letter stream for %q: %w", name, subj, err)
 			}
 			d.log.Info("dead-letter stream created", "lane", name, "stream", stream, "subject", subj)
@@ -175,6 +180,7 @@ func (d *Daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 	src, err := sources.NewJetStream(ctx, d.js, sources.JetStreamConfig{
 		Stream: lc.Source.Stream, Subjects: lc.Source.Subjects, Durable: lc.Source.Consumer,
 		AckWait: lc.Source.AckWait, MaxAckPending: lc.EffectiveMaxAckPending(),
+		Limits: sourceLimits(lc.Source.Retention),
 	}, d.log.With("lane", name))
 	if err != nil {
 		return nil, fmt.Errorf("lane %q: %w", name, err)
@@ -214,7 +220,7 @@ func (d *Daemon) startRedis(ctx context.Context) error {
 	d.redis = r
 	lctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	addr := d.cfg.Redacted().Redis.Addr
+	addr := config.RedactURL(d.cfg.Redacted().Redis.Addr)
 	if err := r.Load(lctx); err != nil {
 		d.log.Warn("redis unreachable at start: global lanes pace locally at limit / replicas_hint until it answers",
 			"redis", addr, "err", err)

@@ -131,9 +131,9 @@ func Serve(d *Daemon, log *slog.Logger, path string, reload func() (*config.Conf
 		select {
 		case sig = <-sigs:
 		case <-hup:
-			applyReload(d, log, "SIGHUP", reload)
+			_ = d.ApplyReload("SIGHUP", reload)
 		case <-changed:
-			applyReload(d, log, "file changed", reload)
+			_ = d.ApplyReload("file changed", reload)
 		}
 	}
 	log.Info("signal received: draining", "signal", sig.String(), "drain_timeout", d.cfg.Shutdown.DrainTimeout)
@@ -153,14 +153,25 @@ func Serve(d *Daemon, log *slog.Logger, path string, reload func() (*config.Conf
 	return nil
 }
 
-func applyReload(d *Daemon, log *slog.Logger, why string, reload func() (*config.Config, error)) {
-	cfg, err := reload()
+// ApplyReload is the reload path of Serve (SIGHUP, a change of the file,
+// named by trigger): it loads the configuration with load and applies it
+// with Reload, or, when load fails (the file does not validate), logs the
+// problems and keeps the running configuration. Either way it sets
+// shaper_config_last_reload_successful (1 applied, 0 rejected) and, on
+// success, shaper_config_last_reload_success_timestamp_seconds, so that a
+// rejected reload shows in /metrics and alerts, not only in the logs (issue
+// 12). It returns load's error.
+func (d *Daemon) ApplyReload(trigger string, load func() (*config.Config, error)) error {
+	cfg, err := load()
 	if err != nil {
-		log.Error("reload rejected: the running configuration stays", "trigger", why, "err", err)
-		return
+		d.log.Error("reload rejected: the running configuration stays", "trigger", trigger, "err", err)
+		d.m.ConfigLoaded(false, time.Now())
+		return err
 	}
-	log.Info("reloading configuration", "trigger", why)
+	d.log.Info("reloading configuration", "trigger", trigger)
 	d.Reload(context.Background(), cfg)
+	d.m.ConfigLoaded(true, time.Now())
+	return nil
 }
 
 // watchFile reports changes of the file at path (writes, or an editor's or

@@ -1,0 +1,87 @@
+package sources
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestEnsureStreamLimits: issue 12 — a stream shaper creates gets the
+// configured retention and limits; an existing stream with other settings
+// is left as it is and a warning says so; one with the same settings gets
+// no warning.
+func TestEnsureStreamLimits(t *testing.T) {
+	ns, err := StartEmbedded("127.0.0.1:0", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	nc, err := Connect(ns.ClientURL(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	want := &StreamLimits{Retention: jetstream.LimitsPolicy, MaxAge: 7 * 24 * time.Hour, MaxBytes: 1 << 20,
+		Discard: jetstream.DiscardNew}
+	info := func(name string) jetstream.StreamConfig {
+		t.Helper()
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.CachedInfo().Config
+	}
+
+	// Created by shaper: the limits apply.
+	if err := EnsureStreamLimits(ctx, js, "CREATED", []string{"created.>"}, want, log); err != nil {
+		t.Fatal(err)
+	}
+	got := info("CREATED")
+	if got.Retention != want.Retention || got.MaxAge != want.MaxAge || got.MaxBytes != want.MaxBytes || got.Discard != want.Discard {
+		t.Errorf("created stream: retention %v, max_age %v, max_bytes %d, discard %v; want %+v",
+			got.Retention, got.MaxAge, got.MaxBytes, got.Discard, *want)
+	}
+	// Again, the same settings: no warning.
+	if err := EnsureStreamLimits(ctx, js, "CREATED", []string{"created.>"}, want, log); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), "differs") {
+		t.Errorf("a warning for a stream with the configured limits:\n%s", logs.String())
+	}
+
+	// Created by someone else, with other settings: left alone, a warning.
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EXISTING", Subjects: []string{"existing.>"},
+		Retention: jetstream.InterestPolicy, MaxAge: time.Hour, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	if err := EnsureStreamLimits(ctx, js, "EXISTING", []string{"existing.>"}, want, log); err != nil {
+		t.Fatal(err)
+	}
+	got = info("EXISTING")
+	if got.Retention != jetstream.InterestPolicy || got.MaxAge != time.Hour || got.MaxBytes != -1 {
+		t.Errorf("existing stream changed: retention %v, max_age %v, max_bytes %d", got.Retention, got.MaxAge, got.MaxBytes)
+	}
+	line := ""
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "stream retention differs from the configuration") && strings.Contains(l, "stream=EXISTING") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "level=WARN") || !strings.Contains(line, "retention=Interest") ||
+		!strings.Contains(line, "want_retention=Limits") || !strings.Contains(line, "want_max_age=168h0m0s") {
+		t.Errorf("no warning naming the stream's and the configured retention:\n%s", logs.String())
+	}
+}
