@@ -44,6 +44,8 @@ type Metrics struct {
 	Paused         *prometheus.GaugeVec
 	Fallback       *prometheus.GaugeVec
 	Redelivered    *prometheus.CounterVec
+	// BreakerOpen is shaper_breaker_open (SPEC §3 Breaker).
+	BreakerOpen *prometheus.GaugeVec
 
 	reg    prometheus.Registerer
 	mu     sync.Mutex
@@ -131,6 +133,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		Paused:         f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_lane_paused", Help: "1 while the lane's departures are paused by a downstream's Retry-After."}, lane),
 		Fallback:       f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_global_limiter_fallback", Help: "1 while Redis is unreachable and the lane paces locally at limit/replicas_hint."}, lane),
 		Redelivered:    f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_redelivered_messages_total", Help: "Messages received with a delivery count above 1."}, lane),
+		BreakerOpen:    f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_breaker_open", Help: "1 while the lane's breaker is open (departures stopped but for probes, or held after a 410 Gone until an operator resumes the lane), else 0."}, lane),
 		reg:            reg,
 		pacing:         map[string]*pacing{},
 	}
@@ -179,6 +182,8 @@ type Lane struct {
 	Paused         prometheus.Gauge
 	Fallback       prometheus.Gauge
 	Redelivered    prometheus.Counter
+	// BreakerOpen is 1 while the lane's breaker is open (SPEC §3 Breaker).
+	BreakerOpen prometheus.Gauge
 	// Lateness observes how late each departure left (SPEC §6).
 	Lateness prometheus.Observer
 	// Gap observes the time between consecutive departures (SPEC §6).
@@ -207,6 +212,7 @@ func (m *Metrics) Lane(name string, limit float64) *Lane {
 		Paused:         m.Paused.WithLabelValues(name),
 		Fallback:       m.Fallback.WithLabelValues(name),
 		Redelivered:    m.Redelivered.WithLabelValues(name),
+		BreakerOpen:    m.BreakerOpen.WithLabelValues(name),
 	}
 	for _, o := range DeliveryOutcomes {
 		l.Deliveries[o] = m.Deliveries.WithLabelValues(name, o)
@@ -238,7 +244,7 @@ func (m *Metrics) Remove(name string) {
 	}{
 		m.BucketDepth, m.BucketCapacity, m.RateLimit, m.InFlight, m.Admitted, m.Departures,
 		m.Deliveries, m.DeadLetters, m.Retries, m.QueueWait, m.TaskDuration, m.Paused,
-		m.Fallback, m.Redelivered,
+		m.Fallback, m.Redelivered, m.BreakerOpen,
 	} {
 		v.DeletePartialMatch(match)
 	}
