@@ -84,15 +84,14 @@ func (l *Lane) awaitBreaker(ctx context.Context) (waited, ok bool) {
 			return waited, true
 		}
 		waited = true
-		if until.IsZero() { // held, or a probe in flight: until a change wakes us
-			select {
-			case <-l.wake:
-			case <-ctx.Done():
-				return waited, false
-			}
-			continue
+		if until.IsZero() { // held, or a probe in flight: until a change wakes the loop
+			until = time.Now().Add(time.Hour)
 		}
-		if _, err := timerWait(ctx, time.Until(until), l.wake); err != nil {
+		// Through the waiter, never by reading l.wake here: the precise
+		// waiter's watcher goroutine takes the tokens of l.wake and keeps
+		// them for its next Wait (a select here lost the wake of a probe's
+		// end, and the lane stayed open with no probes).
+		if _, err := l.waiter.Wait(ctx, until, l.wake); err != nil {
 			return waited, false
 		}
 	}

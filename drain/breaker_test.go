@@ -338,3 +338,48 @@ func TestLaneBreakerReload(t *testing.T) {
 		h.stop(time.Second)
 	})
 }
+
+// TestLaneBreakerProbesPreciseWaiter: in real time with the precise waiter,
+// whose watcher goroutine owns the tokens of the lane's wake channel, each
+// probe's end still wakes the gate: probes keep leaving every probe_every
+// until one succeeds (the gate once read the channel itself, lost the wake
+// of the first probe's end and stayed open with no probes).
+func TestLaneBreakerProbesPreciseWaiter(t *testing.T) {
+	start := time.Now()
+	down := 1500 * time.Millisecond
+	sink := &recSink{behave: func(c call) (time.Duration, error) {
+		if c.at.Sub(start) < down {
+			return time.Millisecond, &shaper.SinkError{Status: 503}
+		}
+		return 0, nil
+	}}
+	cfg := breakerLane(100)
+	cfg.Rate.Warmup = config.Warmup{ColdFactor: 1}
+	cfg.Task.Breaker.ProbeEvery = 150 * time.Millisecond
+	h := &harness{t: t, src: newMemSource(cfg.Source.AckWait), sink: sink, dead: &recSink{}, reg: prometheus.NewRegistry()}
+	h.m = metrics.New(h.reg).Lane("test", 100)
+	l, err := New("test", cfg, h.src, sink, WithWaiter(NewPreciseWaiter()), WithMetrics(h.m), WithDeadLetter(h.dead))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.lane = l
+	h.src.publish(100)
+	l.Start()
+	deadline := time.Now().Add(5 * time.Second)
+	for h.src.count("acked") < 100 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	h.stop(time.Second)
+	var probes int
+	cs := sink.snapshot()
+	for i := 5; i < len(cs) && cs[i].at.Sub(start) < down; i++ {
+		probes++
+	}
+	t.Logf("%d probes in %v down with probe_every %v", probes, down, cfg.Task.Breaker.ProbeEvery)
+	if probes < 6 {
+		t.Errorf("%d probes while down, want about %d", probes, int(down/cfg.Task.Breaker.ProbeEvery)-1)
+	}
+	if n := h.src.count("acked"); n != 100 {
+		t.Errorf("%d acked, want 100: the breaker never closed", n)
+	}
+}
