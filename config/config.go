@@ -199,6 +199,25 @@ type Task struct {
 	// MaxInFlight is the number of sink calls running at once. ≥ 1, default 8.
 	MaxInFlight int   `mapstructure:"max_in_flight"`
 	Retry       Retry `mapstructure:"retry"`
+	// Breaker stops departures against a failing downstream (SPEC §3
+	// Breaker); off by default.
+	Breaker Breaker `mapstructure:"breaker"`
+}
+
+// Breaker configures a lane's breaker (SPEC §3 Breaker, shaper.Breaker).
+type Breaker struct {
+	// FailureRatio is the share of failed attempts (network error, timeout,
+	// 5xx) among those that ended within Window at which the lane opens.
+	// In [0, 1]; 0 (default) = off.
+	FailureRatio float64 `mapstructure:"failure_ratio"`
+	// MinAttempts is how many attempts must have ended within Window before
+	// the ratio is judged. ≥ 1, default 20.
+	MinAttempts int `mapstructure:"min_attempts"`
+	// Window is how far back attempts count (sliding). > 0, default 30s.
+	Window time.Duration `mapstructure:"window"`
+	// ProbeEvery is the time between probe departures while open. > 0,
+	// default 10s.
+	ProbeEvery time.Duration `mapstructure:"probe_every"`
 }
 
 // Retry configures the nak delays of failed attempts.

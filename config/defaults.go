@@ -53,6 +53,13 @@ const (
 	DefaultDeadLetterPrefix = "shaper.dead."
 )
 
+// Defaults of task.breaker (SPEC §4; failure_ratio 0, the default, is off).
+const (
+	DefaultBreakerMinAttempts = 20               // task.breaker.min_attempts, attempts
+	DefaultBreakerWindow      = 30 * time.Second // task.breaker.window
+	DefaultBreakerProbeEvery  = 10 * time.Second // task.breaker.probe_every
+)
+
 // DefaultBackoff returns the default task.retry.backoff: 1s, 5s, 30s (a new
 // slice on every call).
 func DefaultBackoff() []time.Duration {
@@ -91,6 +98,11 @@ func laneDefaults() map[string]any {
 		"task.retry.max_delay":       DefaultMaxDelay,
 		"sink.method":                DefaultSinkMethod,
 		"sink.success_status":        DefaultSuccessStatus(),
+
+		"task.breaker.failure_ratio": 0.0, // off
+		"task.breaker.min_attempts":  DefaultBreakerMinAttempts,
+		"task.breaker.window":        DefaultBreakerWindow,
+		"task.breaker.probe_every":   DefaultBreakerProbeEvery,
 	}
 }
 

@@ -452,6 +452,7 @@ func (v *validator) lane(name string, l Lane) {
 		v.check(d > 0, fmt.Sprintf("%s[%d]", k("task.retry.backoff"), i), "must be > 0, got %s", d)
 	}
 	v.check(l.Task.Retry.MaxDelay > 0, k("task.retry.max_delay"), "must be > 0, got %s", l.Task.Retry.MaxDelay)
+	v.breaker(k, l.Task.Breaker)
 
 	// dead letter
 	if nameOK {
@@ -462,6 +463,15 @@ func (v *validator) lane(name string, l Lane) {
 
 	v.sink(name, l)
 	v.ackWaitWarning(name, l)
+}
+
+// breaker checks task.breaker (SPEC §3 Breaker); k makes a lane key path.
+func (v *validator) breaker(k func(string) string, b Breaker) {
+	r := b.FailureRatio
+	v.check(r >= 0 && r <= 1, k("task.breaker.failure_ratio"), "must be in [0, 1] (0 = off), got %v", r)
+	v.check(b.MinAttempts >= 1, k("task.breaker.min_attempts"), "must be ≥ 1, got %d", b.MinAttempts)
+	v.check(b.Window > 0, k("task.breaker.window"), "must be > 0, got %s", b.Window)
+	v.check(b.ProbeEvery > 0, k("task.breaker.probe_every"), "must be > 0, got %s", b.ProbeEvery)
 }
 
 func (v *validator) sink(name string, l Lane) {

@@ -218,11 +218,16 @@ func TestAlertRulesPromtool(t *testing.T) {
 		}
 		t.Skip("promtool not found; run scripts/test.sh to install it")
 	}
-	for _, args := range [][]string{{"check", "rules", "alerts.yaml"}, {"test", "rules", "alerts_test.yaml"}} {
-		cmd := exec.Command(bin, args...)
-		cmd.Dir = "prometheus"
+	runs := [][]string{{"prometheus", "check", "rules", "alerts.yaml"}, {"prometheus", "test", "rules", "alerts_test.yaml"}}
+	more, _ := filepath.Glob("prometheus/tests/*.yaml") // rule_files relative to the test file
+	for _, f := range more {
+		runs = append(runs, []string{filepath.Dir(f), "test", "rules", filepath.Base(f)})
+	}
+	for _, run := range runs {
+		cmd := exec.Command(bin, run[1:]...)
+		cmd.Dir = run[0]
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+			t.Errorf("promtool %s (in %s): %v\n%s", strings.Join(run[1:], " "), run[0], err, out)
 		}
 	}
 }

@@ -38,8 +38,10 @@ func (h *Hold) active(now time.Time) bool {
 // replaces an earlier one.
 func (l *Lane) Hold(h Hold) {
 	l.mu.Lock()
-	was := l.hold.active(time.Now())
+	now := time.Now()
+	was := l.hold.active(now)
 	l.hold = &h
+	l.syncPacerHold(now)
 	l.mu.Unlock()
 	if !was {
 		until := "resume"
@@ -58,8 +60,10 @@ func (l *Lane) Hold(h Hold) {
 // It reports whether a hold was active.
 func (l *Lane) Resume() bool {
 	l.mu.Lock()
-	was := l.hold.active(time.Now())
+	now := time.Now()
+	was := l.hold.active(now)
 	l.hold = nil
+	l.syncPacerHold(now)
 	l.mu.Unlock()
 	if was {
 		l.log.Info("lane resumed by operator")
@@ -76,6 +80,13 @@ func (l *Lane) HoldState(now time.Time) (Hold, bool) {
 		return Hold{}, false
 	}
 	return *l.hold, true
+}
+
+// syncPacerHold tells the pacer, with l.mu held, whether something holds
+// the lane at now — an operator's hold or an open breaker — so that it cools
+// as if idle and the end of the hold goes through the warmup ramp.
+func (l *Lane) syncPacerHold(now time.Time) {
+	l.pacer.Hold(now, l.hold.active(now) || l.brk.b.State() != shaper.BreakerClosed)
 }
 
 // holdUntil returns, with l.mu held, the instant before which the hold
@@ -99,6 +110,7 @@ func (l *Lane) noteHoldEnd(now time.Time) {
 	ended := h != nil && !h.Until.IsZero() && !now.Before(h.Until)
 	if ended {
 		l.hold = nil
+		l.syncPacerHold(now)
 	}
 	pauseEnd := l.pacer.PausedUntil()
 	pauseEnded := !pauseEnd.IsZero() && !now.Before(pauseEnd) && l.pauseLogged.Before(pauseEnd)
@@ -167,7 +179,7 @@ var errPurged = errors.New("purged by an operator")
 // Status is a lane's state for the admin API (SPEC §6 GET /v1/lanes).
 type Status struct {
 	// State is running, paused (an operator's hold or a downstream's
-	// Retry-After), draining or stopped.
+	// Retry-After), open (the breaker, SPEC §3), draining or stopped.
 	State string
 	// Hold is the operator's hold in force (State paused), if any.
 	Hold *Hold
@@ -185,6 +197,9 @@ type Status struct {
 	// QueueWaitP99 is the 99th percentile of the last departures' queue
 	// waits (admission to departure).
 	QueueWaitP99 time.Duration
+	// BreakerHeld is true when the open breaker waits for an operator's
+	// resume (a 410 Gone) with no probes.
+	BreakerHeld bool
 	// LastError is the last failed attempt's error, "" when none.
 	LastError string
 	// Delivered, Nacked and DeadLettered count this process's final verbs.
@@ -195,6 +210,7 @@ type Status struct {
 const (
 	StateRunning  = "running"
 	StatePaused   = "paused"
+	StateOpen     = "open"
 	StateDraining = "draining"
 	StateStopped  = "stopped"
 )
@@ -213,6 +229,9 @@ func (l *Lane) Status(now time.Time) Status {
 	s.InFlight = len(l.inflight)
 	if until := l.pacer.PausedUntil(); now.Before(until) {
 		s.State, s.PausedUntil = StatePaused, until
+	}
+	if st := l.brk.b.State(); st != shaper.BreakerClosed {
+		s.State, s.Rate, s.BreakerHeld = StateOpen, 0, st == shaper.BreakerHeld
 	}
 	if l.hold.active(now) {
 		h := *l.hold

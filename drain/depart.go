@@ -44,6 +44,14 @@ func (l *Lane) departLoop() {
 		scheduled := now // the instant the departure was due (lateness metric)
 		// 3. The pacer's time. A pause (Retry-After) wakes the wait.
 		for {
+			// While the breaker is open only its probe leaves (breaker.go).
+			if waited, ok := l.awaitBreaker(ctx); !ok {
+				l.slots.release()
+				return
+			} else if waited {
+				ready = time.Now()
+				now, scheduled = ready, ready
+			}
 			l.mu.Lock()
 			at := l.pacer.Next(now)
 			if until, held := l.holdUntil(now); held && until.After(at) {
@@ -87,6 +95,7 @@ func (l *Lane) departLoop() {
 		prev := l.lastDeparture
 		l.lastDeparture = now
 		l.pacer.Depart(ready, now)
+		l.breakerDeparts(m, now)
 		if empty {
 			l.pacer.SetBusy(now, false)
 		}

@@ -93,6 +93,7 @@ type Lane struct {
 	hold          *Hold        // an operator's pause (control.go); nil = none
 	purgeUpTo     uint64       // messages up to this stream sequence are purged
 	pauseLogged   time.Time    // the end of the last pause whose end was logged
+	brk           laneBreaker  // task.breaker (breaker.go)
 
 	fetchStop  chan struct{} // closed: stop fetching
 	fetchDone  chan struct{} // closed when the fetch loop returned
@@ -150,6 +151,7 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 		l.reportsWire = true // a replacement sink is of the same kind (Update)
 	}
 	l.pacer = shaper.NewPacer(pacerConfig(cfg), time.Now())
+	l.brk.b = shaper.NewBreaker(breakerConfig(cfg), time.Now())
 	l.m.BucketCapacity.Set(float64(l.bucket.Capacity()))
 	l.m.RateLimit.Set(l.pacer.Rate(time.Now()))
 	return l, nil
@@ -200,6 +202,7 @@ func (l *Lane) Update(cfg config.Lane) error {
 	l.mu.Unlock()
 	l.bucket.SetCapacity(cfg.Bucket.Capacity)
 	l.slots.setLimit(cfg.Task.MaxInFlight)
+	l.updateBreaker(cfg, now)
 	l.m.BucketCapacity.Set(float64(cfg.Bucket.Capacity))
 	select {
 	case l.wake <- struct{}{}:

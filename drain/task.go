@@ -44,6 +44,7 @@ func (l *Lane) runTask(m *shaper.Message) {
 
 // settle gives m its final verb for this attempt (SPEC §3, Retries).
 func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
+	l.breakerRecord(m, attemptOf(err, timedOut), err)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
 		aerr := m.Acker.Ack(ctx)

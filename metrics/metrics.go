@@ -45,6 +45,8 @@ type Metrics struct {
 	Paused         *prometheus.GaugeVec
 	Fallback       *prometheus.GaugeVec
 	Redelivered    *prometheus.CounterVec
+	// BreakerOpen is shaper_breaker_open (SPEC §3 Breaker).
+	BreakerOpen *prometheus.GaugeVec
 
 	// ReloadSuccessful is shaper_config_last_reload_successful: 1 when the
 	// last configuration loaded (at start or by a reload: SIGHUP, a change
@@ -161,15 +163,16 @@ func New(reg prometheus.Registerer) *Metrics {
 		QueueWait: f.NewHistogramVec(prometheus.HistogramOpts{Name: "shaper_queue_wait_seconds", Help: "Time from admission into the bucket to departure, in seconds.",
 			Buckets: QueueWaitBuckets(), NativeHistogramBucketFactor: 1.1, NativeHistogramMaxBucketNumber: 160}, lane),
 		TaskDuration: f.NewHistogramVec(prometheus.HistogramOpts{Name: "shaper_task_duration_seconds", Help: "Sink call duration in seconds, by outcome: success, error, timeout.", Buckets: prometheus.DefBuckets}, []string{"lane", "outcome"}),
-		Paused:       f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_lane_paused", Help: "1 while the lane's departures are paused by a downstream's Retry-After."}, lane),
+		Paused:       f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_lane_paused", Help: "1 while the lane's departures are paused: a downstream's Retry-After, or an operator's pause."}, lane),
 		Fallback:     f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_global_limiter_fallback", Help: "1 while Redis is unreachable and the lane paces locally at limit/replicas_hint."}, lane),
 		Redelivered:  f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_redelivered_messages_total", Help: "Messages received with a delivery count above 1."}, lane),
 		ReloadSuccessful: f.NewGauge(prometheus.GaugeOpts{Name: "shaper_config_last_reload_successful",
 			Help: "1 when the last configuration loaded (start, SIGHUP, a change of the file) was valid and applied, 0 when it was rejected and the running one stayed."}),
 		ReloadSuccessTime: f.NewGauge(prometheus.GaugeOpts{Name: "shaper_config_last_reload_success_timestamp_seconds",
 			Help: "Unix time in seconds of the last configuration applied (start or reload)."}),
-		reg:    reg,
-		pacing: map[string]*pacing{},
+		BreakerOpen: f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_breaker_open", Help: "1 while the lane's breaker is open (departures stopped but for probes, or held after a 410 Gone until an operator resumes the lane), else 0."}, lane),
+		reg:         reg,
+		pacing:      map[string]*pacing{},
 	}
 }
 
@@ -228,6 +231,8 @@ type Lane struct {
 	Paused         prometheus.Gauge
 	Fallback       prometheus.Gauge
 	Redelivered    prometheus.Counter
+	// BreakerOpen is 1 while the lane's breaker is open (SPEC §3 Breaker).
+	BreakerOpen prometheus.Gauge
 	// Lateness observes how late each departure left (SPEC §6).
 	Lateness prometheus.Observer
 	// Gap observes the time between consecutive departures (SPEC §6).
@@ -256,6 +261,7 @@ func (m *Metrics) Lane(name string, limit float64) *Lane {
 		Paused:         m.Paused.WithLabelValues(name),
 		Fallback:       m.Fallback.WithLabelValues(name),
 		Redelivered:    m.Redelivered.WithLabelValues(name),
+		BreakerOpen:    m.BreakerOpen.WithLabelValues(name),
 	}
 	for _, o := range DeliveryOutcomes {
 		l.Deliveries[o] = m.Deliveries.WithLabelValues(name, o)
@@ -287,7 +293,7 @@ func (m *Metrics) Remove(name string) {
 	}{
 		m.BucketDepth, m.BucketCapacity, m.RateLimit, m.InFlight, m.Admitted, m.Departures,
 		m.Deliveries, m.DeadLetters, m.Retries, m.QueueWait, m.TaskDuration, m.Paused,
-		m.Fallback, m.Redelivered,
+		m.Fallback, m.Redelivered, m.BreakerOpen,
 	} {
 		v.DeletePartialMatch(match)
 	}

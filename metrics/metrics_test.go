@@ -22,7 +22,7 @@ func TestSeriesExistFromStart(t *testing.T) {
 		"shaper_queue_wait_seconds": 1, "shaper_task_duration_seconds": len(TaskOutcomes),
 		"shaper_lane_paused": 1, "shaper_global_limiter_fallback": 1,
 		"shaper_retries_total": len(RetryReasons), "shaper_redelivered_messages_total": 1,
-		LatenessName: 1, GapName: 1,
+		LatenessName: 1, GapName: 1, "shaper_breaker_open": 1,
 	}
 	mfs, err := reg.Gather()
 	if err != nil {

@@ -49,6 +49,9 @@ import (
 //   - Pause. Pause(until) holds all departures until that instant (a
 //     downstream's Retry-After on 429/503, an operator); the paused time
 //     earns at most the slack, like idle time.
+//   - Hold. Hold(now, true) marks the lane as held by something other than
+//     its pacer (an open breaker, an operator's pause): it cools as if
+//     idle, so that the end of the hold goes through the warmup ramp.
 //
 // A Pacer is not safe for concurrent use: one departure loop owns it (the
 // drain package guards it with the lane's mutex). All methods are pure
@@ -69,6 +72,7 @@ type Pacer struct {
 	warmth   float64   // w in [0,1]
 	warmedAt time.Time // instant up to which warmth is integrated
 	busy     bool      // bucket held messages since warmedAt
+	held     bool      // the lane is held (Hold) since warmedAt
 }
 
 // PacerConfig is the rate configuration of one lane.
@@ -267,11 +271,30 @@ func (p *Pacer) SetBusy(now time.Time, busy bool) {
 	p.busy = busy
 }
 
+// Hold records at now whether the lane is held: its departures stopped by
+// something other than the pacer's schedule, for an unknown time — an open
+// breaker (SPEC §3 Breaker), an operator's pause (SPEC §3 Operator control).
+// While held, warmth integrates as if the bucket were empty, falling by
+// 1/period per second whatever SetBusy says (SPEC §3 Warmup: the downstream
+// cools when it does no work), so that when the hold ends the lane resumes
+// through the warmup ramp from the warmth it cooled to; and Rate reports 0.
+// Hold does not itself stop departures (Next and Depart are unchanged, so a
+// breaker's probe still leaves on the schedule): the caller stops them. Like
+// idle time, held time earns no credit beyond the slack (SPEC G2). Call it
+// on every change; it is harmless to call it more often.
+func (p *Pacer) Hold(now time.Time, held bool) {
+	p.advanceWarmth(now)
+	p.held = held
+}
+
+// Held reports whether the lane is held (Hold).
+func (p *Pacer) Held() bool { return p.held }
+
 func (p *Pacer) advanceWarmth(now time.Time) {
 	if now.After(p.warmedAt) {
 		if p.period > 0 {
 			dw := now.Sub(p.warmedAt).Seconds() / p.period.Seconds()
-			if p.busy {
+			if p.busy && !p.held {
 				p.warmth = math.Min(1, p.warmth+dw)
 			} else {
 				p.warmth = math.Max(0, p.warmth-dw)
@@ -288,9 +311,9 @@ func (p *Pacer) Warmth(now time.Time) float64 {
 }
 
 // Rate returns the rate in force at now, in messages per second: the warmup
-// ramp included, 0 while paused. It is what shaper_rate_limit_per_second shows.
+// ramp included, 0 while paused or held (Hold). It is what shaper_rate_limit_per_second shows.
 func (p *Pacer) Rate(now time.Time) float64 {
-	if now.Before(p.pausedUntil) {
+	if p.held || now.Before(p.pausedUntil) {
 		return 0
 	}
 	return p.rate(now)

@@ -46,10 +46,14 @@ func (d *Daemon) startControl(ctx context.Context) error {
 // when it runs (the control watch calls it).
 func (d *Daemon) applyControl(name string, lc sources.LaneControl) {
 	d.ctlMu.Lock()
+	prev := d.ctl[name]
 	d.ctl[name] = lc
 	d.ctlMu.Unlock()
 	if rec := d.laneRec(name); rec != nil {
 		applyTo(rec.lane, lc)
+		if lc.ResumedAt.After(prev.ResumedAt) {
+			rec.lane.ResetBreaker() // an operator's resume also closes an open breaker
+		}
 	}
 }
 
@@ -139,6 +143,12 @@ func (d *Daemon) Lane(ctx context.Context, name string) (admin.LaneView, error) 
 		u := st.PausedUntil
 		v.PausedUntil = &u
 	}
+	switch {
+	case st.State == drain.StateOpen && st.BreakerHeld:
+		v.PauseReason = "breaker held after 410 Gone: resume to close it"
+	case st.State == drain.StateOpen:
+		v.PauseReason = "breaker open: probing"
+	}
 	if st.Hold != nil {
 		v.PauseReason = st.Hold.Reason
 		if v.PauseReason == "" {
@@ -187,6 +197,7 @@ func (d *Daemon) Resume(ctx context.Context, name string) error {
 		return err
 	}
 	applyTo(rec.lane, lc)
+	rec.lane.ResetBreaker()
 	return nil
 }
 
