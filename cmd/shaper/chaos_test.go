@@ -423,12 +423,12 @@ func TestChaosFullBucketOutlivesAckWait(t *testing.T) {
 	}
 	checkDeliveryCounts(t, reqs)
 	// The scenario is what it claims: many messages waited in the bucket
-	// longer than ack_wait (queue wait > 5 s; ~500 of them at 50/s).
+	// longer than ack_wait (queue wait > 5.6 s, the first bucket bound above 5 s; ~500 of them at 50/s).
 	count := laneMetric(t, m, "shaper_queue_wait_seconds_count")
-	over5s := count - laneMetric(t, m, "shaper_queue_wait_seconds_bucket", "le", "5")
-	t.Logf("%v of %v messages waited more than 5s in the bucket (ack_wait 3s)", over5s, count)
+	over5s := count - laneMetric(t, m, "shaper_queue_wait_seconds_bucket", "le", "5.6") // bounds: metrics.QueueWaitBuckets
+	t.Logf("%v of %v messages waited more than 5.6s in the bucket (ack_wait 3s)", over5s, count)
 	if count != float64(len(r.keys)) || over5s < 200 {
-		t.Errorf("queue waits: %v observed, %v over 5s; want %d, ≥ 200", count, over5s, len(r.keys))
+		t.Errorf("queue waits: %v observed, %v over 5s; want %d, ≥ 200 over 5.6s", count, over5s, len(r.keys))
 	}
 	stopShaper(t, sh, 15*time.Second)
 	r.reconcile(0)
