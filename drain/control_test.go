@@ -1,11 +1,16 @@
 package drain
 
 import (
+	"bytes"
+	"log/slog"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/shaper-dev/shaper/config"
 
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/shaper/shapertest"
@@ -130,4 +135,41 @@ func TestRecentStats(t *testing.T) {
 	if rate, _ := r.read(t0.Add(15 * time.Second)); rate != 10 {
 		t.Errorf("5 s later: %v/s, want 10/s (half the window idle)", rate)
 	}
+}
+
+// TestLaneOperatorHoldCoolsAndLogsItsEnd: a lane held by an operator for
+// longer than its warmup period cools as if idle, so the departures after a
+// timed hold ends follow the warmup ramp again (no jump to the full rate);
+// the end of the hold is logged by itself.
+func TestLaneOperatorHoldCoolsAndLogsItsEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink := &recSink{}
+		cfg := laneConfig(100)
+		cfg.Rate.Warmup = config.Warmup{Period: 2 * time.Second, ColdFactor: 4}
+		var logs bytes.Buffer
+		h := newHarness(t, cfg, sink)
+		h.lane.log = slog.New(slog.NewTextHandler(&logs, nil)).With("lane", "test")
+		h.src.publish(2000)
+		h.lane.Start()
+		time.Sleep(4 * time.Second) // warm: 100/s
+		resumeAt := time.Now().Add(5 * time.Second)
+		h.lane.Hold(Hold{Until: resumeAt, Reason: "cool down"})
+		time.Sleep(7 * time.Second) // 5 s held (cooled fully), then 2 s
+		synctest.Wait()
+		h.stop(time.Second)
+		var after []time.Time
+		for _, c := range sink.snapshot() {
+			if !c.at.Before(resumeAt) && c.at.Before(resumeAt.Add(2*time.Second)) {
+				after = append(after, c.at)
+			}
+		}
+		// Cold again: 25/s rising to 100/s over 2 s, ≈ 125 in the ramp's 2 s
+		// (the integral of 25 + 75·x/2 over [0, 2]), not 200.
+		if n := len(after); n > 130 || n < 110 {
+			t.Errorf("%d departures in the 2 s after the hold, want ≈ 125 (the warmup ramp), not 200 (warm)", n)
+		}
+		if !strings.Contains(logs.String(), "operator pause ended") {
+			t.Errorf("the end of the timed hold is not logged:\n%s", logs.String())
+		}
+	})
 }
