@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -170,6 +171,30 @@ func TestLaneOperatorHoldCoolsAndLogsItsEnd(t *testing.T) {
 		}
 		if !strings.Contains(logs.String(), "operator pause ended") {
 			t.Errorf("the end of the timed hold is not logged:\n%s", logs.String())
+		}
+	})
+}
+
+// TestLaneRetryAfterPauseEndIsLogged: the end of a downstream's Retry-After
+// pause is logged once (it used to end silently).
+func TestLaneRetryAfterPauseEndIsLogged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var once sync.Once
+		sink := &recSink{behave: func(call) (time.Duration, error) {
+			var err error
+			once.Do(func() { err = &shaper.SinkError{Status: 429, RetryAfter: time.Second, Saturated: true} })
+			return 0, err
+		}}
+		var logs bytes.Buffer
+		h := newHarness(t, laneConfig(10), sink)
+		h.lane.log = slog.New(slog.NewTextHandler(&logs, nil)).With("lane", "test")
+		h.src.publish(30)
+		h.lane.Start()
+		time.Sleep(4 * time.Second)
+		synctest.Wait()
+		h.stop(time.Second)
+		if n := strings.Count(logs.String(), "downstream pause ended"); n != 1 {
+			t.Errorf("%d lines say the Retry-After pause ended, want 1:\n%s", n, logs.String())
 		}
 	})
 }
