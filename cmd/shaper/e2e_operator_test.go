@@ -52,6 +52,18 @@ func laneView(t *testing.T, bin, adminAddr, lane string) admin.LaneView {
 	return admin.LaneView{}
 }
 
+// awaitDeadLetters waits until the lane's dead-letter subject holds n.
+func awaitDeadLetters(t *testing.T, dl sources.DeadLetters, n uint64, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for got, _ := dl.Count(context.Background()); got < n; got, _ = dl.Count(context.Background()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d dead letters after %s, want %d", got, timeout, n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func arrivalsIn(a []arrival, from, to time.Time) int {
 	n := 0
 	for _, x := range a {
@@ -190,13 +202,7 @@ func TestE2EDeadLetterReplay(t *testing.T) {
 	keys := publishBurst(t, js, l.subject(), 100)
 	ctx := context.Background()
 	dl := sources.DeadLetters{JS: js, Subject: "shaper.dead.ops"}
-	deadline := time.Now().Add(20 * time.Second)
-	for n, _ := dl.Count(ctx); n < 100; n, _ = dl.Count(ctx) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d dead letters after 20 s, want 100", n)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	awaitDeadLetters(t, dl, 100, 20*time.Second)
 	out, code := operate(t, bin, adminAddr, "dead-letters", "list", "ops", "--reason", "max_deliver", "-o", "json")
 	var list []sources.DeadLetter
 	if code != 0 || json.Unmarshal([]byte(out), &list) != nil || len(list) != 100 || list[0].Key != keys[0] {
@@ -250,13 +256,7 @@ func TestE2EPurge(t *testing.T) {
 	}
 	ctx := context.Background()
 	dl := sources.DeadLetters{JS: js, Subject: "shaper.dead.ops"}
-	deadline := time.Now().Add(15 * time.Second)
-	for n, _ := dl.Count(ctx); n < 300; n, _ = dl.Count(ctx) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d purged dead letters after 15 s, want 300", n)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	awaitDeadLetters(t, dl, 300, 15*time.Second)
 	list, _ := dl.List(ctx, sources.DeadLetterFilter{})
 	for _, d := range list {
 		if d.Reason != "purged" {
@@ -271,7 +271,7 @@ func TestE2EPurge(t *testing.T) {
 			t.Fatal(err, i)
 		}
 	}
-	deadline = time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for down.distinctDelivered() < 10 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
