@@ -149,10 +149,8 @@ func (l *Lane) Purge(upTo uint64) int {
 		l.mu.Unlock()
 	}
 	l.m.BucketDepth.Set(float64(l.bucket.Len()))
-	for _, m := range removed {
-		l.purge(m)
-	}
 	if len(removed) > 0 {
+		l.purge(removed...)
 		l.log.Info("lane purged by operator", "dead_lettered", len(removed), "up_to_stream_seq", upTo)
 	}
 	return len(removed)
@@ -165,12 +163,33 @@ func (l *Lane) purged(m *shaper.Message) bool {
 	return m.StreamSeq <= l.purgeUpTo
 }
 
-// purge dead-letters m with reason purged.
-func (l *Lane) purge(m *shaper.Message) {
+// purge dead-letters ms with reason purged, one after the other in the
+// order they were purged (the bucket's order, then arrival): a replay of
+// the purged dead letters keeps the stream's order.
+func (l *Lane) purge(ms ...*shaper.Message) {
+	l.mu.Lock()
+	l.purgeQ = append(l.purgeQ, ms...)
+	start := !l.purging
+	l.purging = true
+	l.mu.Unlock()
+	if !start {
+		return
+	}
 	l.tasks.Add(1)
 	go func() {
 		defer l.tasks.Done()
-		l.deadLetter(m, shaper.ReasonPurged, errPurged, notAttempted)
+		for {
+			l.mu.Lock()
+			if len(l.purgeQ) == 0 {
+				l.purging = false
+				l.mu.Unlock()
+				return
+			}
+			m := l.purgeQ[0]
+			l.purgeQ = l.purgeQ[1:]
+			l.mu.Unlock()
+			l.deadLetter(m, shaper.ReasonPurged, errPurged, notAttempted)
+		}
 	}()
 }
 

@@ -2,6 +2,7 @@ package drain
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -102,9 +103,12 @@ func TestLanePurge(t *testing.T) {
 		synctest.Wait()
 		h.stop(time.Second)
 		purged := 0
-		for _, d := range h.dead.snapshot() {
+		for i, d := range h.dead.snapshot() {
 			if d.header[HeaderReason][0] != shaper.ReasonPurged {
 				t.Errorf("dead letter with reason %q, want purged", d.header[HeaderReason][0])
+			}
+			if want := fmt.Sprintf("msg-%d", i); d.id != want {
+				t.Errorf("dead letter %d is %s, want %s: purged in the stream's order", i, d.id, want)
 			}
 			purged++
 		}

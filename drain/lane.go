@@ -89,11 +89,13 @@ type Lane struct {
 	// lastDeparture is the time of the previous departure (gap metric);
 	// only the departure loop touches it.
 	lastDeparture time.Time
-	global        *globalState // rate.global (WithGlobal); nil = local only
-	hold          *Hold        // an operator's pause (control.go); nil = none
-	purgeUpTo     uint64       // messages up to this stream sequence are purged
-	pauseLogged   time.Time    // the end of the last pause whose end was logged
-	brk           laneBreaker  // task.breaker (breaker.go)
+	global        *globalState      // rate.global (WithGlobal); nil = local only
+	hold          *Hold             // an operator's pause (control.go); nil = none
+	purgeUpTo     uint64            // messages up to this stream sequence are purged
+	purgeQ        []*shaper.Message // purged, waiting for their dead letter in order
+	purging       bool              // a goroutine works through purgeQ
+	pauseLogged   time.Time         // the end of the last pause whose end was logged
+	brk           laneBreaker       // task.breaker (breaker.go)
 
 	fetchStop  chan struct{} // closed: stop fetching
 	fetchDone  chan struct{} // closed when the fetch loop returned

@@ -180,7 +180,9 @@ func (d DeadLetters) Replay(ctx context.Context, filter DeadLetterFilter) (int, 
 		if _, err := d.JS.PublishMsg(ctx, msg); err != nil {
 			return n, fmt.Errorf("replay of dead letter %d: publish to %s: %w", dls[i].Seq, msg.Subject, err)
 		}
-		if err := st.DeleteMsg(ctx, dls[i].Seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		// Not found: another replay deleted it meanwhile (its republish is
+		// the same message under the same id, dropped as a duplicate).
+		if err := st.DeleteMsg(ctx, dls[i].Seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) && !strings.Contains(err.Error(), "not found") {
 			return n, fmt.Errorf("replay of dead letter %d: republished, but not deleted: %w", dls[i].Seq, err)
 		}
 		n++

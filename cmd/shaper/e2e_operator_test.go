@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -322,6 +323,36 @@ func TestE2EAdminToken(t *testing.T) {
 	}
 	if code, _ := cli("lanes", "-o", "yaml"); code != exitUsage {
 		t.Errorf("-o yaml: exit %d, want 2", code)
+	}
+	if code, out := cli("dead-letters", "list", "ops", "--reason", "max_delivery"); code != exitUsage || !strings.Contains(out, "max_deliver") {
+		t.Errorf("an unknown reason: exit %d, %q; want 2 and the reasons listed", code, out)
+	}
+	if code, _ := cli("dead-letters", "list", "ops", "--limit", "-1"); code != exitUsage {
+		t.Errorf("--limit -1: exit %d, want 2", code)
+	}
+	for _, c := range []struct{ method, path string }{{"DELETE", "/v1/lanes/ops"}, {"GET", "/v1/nothing"}, {"GET", "/v1/lanes/ops/pause"}} {
+		req, _ := http.NewRequest(c.method, adminURL+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e map[string]string
+		err = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if err != nil || e["error"] == "" || resp.StatusCode < 400 {
+			t.Errorf("%s %s: %d, %v; want a JSON error", c.method, c.path, resp.StatusCode, err)
+		}
+	}
+	// The default --admin comes from admin.listen of -c FILE, even when the
+	// rest of the file does not load in the operator's shell; a missing -c
+	// file is an error, never another daemon.
+	cfgPath := writeFile(t, "ops.yaml", "admin: { listen: \""+td.AdminAddr()+"\" }\ndownstreams: { x: { sink: { headers: { a: \"${UNSET_IN_SHELL}\" } } } }\n")
+	var out, errb strings.Builder
+	if code := run([]string{"lanes", "-c", cfgPath}, &out, &errb); code != 0 || !strings.Contains(out.String(), "ops") {
+		t.Errorf("lanes -c with admin.listen: exit %d, %q %q", code, out.String(), errb.String())
+	}
+	if code := run([]string{"lanes", "-c", cfgPath + ".typo"}, &out, &errb); code != exitUsage {
+		t.Errorf("lanes -c missing-file: exit %d, want 2", code)
 	}
 	if strings.Contains(td.logs.String(), "tok-7f3a9c") {
 		t.Error("the admin token appears in the daemon's logs")

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -48,28 +49,31 @@ func newOperatorClient(cmd *cobra.Command, stdout, stderr io.Writer) (*operatorC
 	}
 	base, _ := cmd.Flags().GetString("admin")
 	if base == "" {
-		listen := config.DefaultAdminListen
 		path, _ := cmd.Flags().GetString("config")
-		if path == "" {
+		explicit := path != ""
+		if !explicit {
 			path = config.DefaultPath
 		}
-		if _, err := os.Stat(path); err == nil {
-			if cfg, _, err := config.Load(path, nil); err == nil {
-				listen = cfg.Admin.Listen
-			} else {
-				fmt.Fprintf(stderr, "shaper: %s not usable (%v); trying %s\n", path, firstLine(err), listen)
-			}
+		listen, err := config.AdminListen(path, explicit)
+		if err != nil {
+			return nil, &exitError{code: exitUsage, err: fmt.Errorf("shaper: -c %s: %w (or name the daemon with --admin URL)", path, err)}
 		}
-		host, port, _ := strings.Cut(listen, ":")
-		if host == "" || host == "0.0.0.0" || host == "[::]" {
+		host, port, err := net.SplitHostPort(listen)
+		if err != nil {
+			return nil, &exitError{code: exitUsage, err: fmt.Errorf("shaper: admin.listen %q of %s: %w", listen, path, err)}
+		}
+		if host == "" || host == "0.0.0.0" || host == "::" {
 			host = "127.0.0.1"
 		}
-		base = "http://" + host + ":" + port
+		base = "http://" + net.JoinHostPort(host, port)
+	} else if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	if u, err := url.Parse(base); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, &exitError{code: exitUsage, err: fmt.Errorf("--admin: want a URL such as http://127.0.0.1:9464, got %q", base)}
 	}
 	return &operatorClient{base: strings.TrimRight(base, "/"), token: os.Getenv(adminTokenEnv), output: out, stdout: stdout}, nil
 }
-
-func firstLine(err error) string { s, _, _ := strings.Cut(err.Error(), "\n"); return s }
 
 // call sends a request and decodes a 200 answer into out; an error answer
 // becomes an exitError with code 1 and the API's message.
@@ -104,7 +108,11 @@ func (c *operatorClient) call(method, path string, body, out any) error {
 		if e.Error == "" {
 			e.Error = strings.TrimSpace(string(raw))
 		}
-		return &exitError{code: exitFailure, err: fmt.Errorf("shaper: %s %s: %s: %s", method, path, resp.Status, e.Error)}
+		code := exitFailure // refused or failed
+		if resp.StatusCode == http.StatusBadRequest {
+			code = exitUsage // the request's values
+		}
+		return &exitError{code: code, err: fmt.Errorf("shaper: %s %s: %s: %s", method, path, resp.Status, e.Error)}
 	}
 	if c.output == "json" {
 		_, _ = c.stdout.Write(raw)
@@ -250,6 +258,8 @@ func deadLettersCmd(stdout, stderr io.Writer) *cobra.Command {
 			}
 			if n, _ := cmd.Flags().GetInt("limit"); n > 0 {
 				q.Set("limit", fmt.Sprint(n))
+			} else if n < 0 {
+				return &exitError{code: exitUsage, err: fmt.Errorf("--limit: want ≥ 0, got %d", n)}
 			}
 			var dls []sources.DeadLetter
 			if err := c.call(http.MethodGet, "/v1/lanes/"+url.PathEscape(args[0])+"/dead-letters?"+q.Encode(), nil, &dls); err != nil || c.output == "json" {
@@ -276,6 +286,9 @@ func deadLettersCmd(stdout, stderr io.Writer) *cobra.Command {
 			reason, _ := cmd.Flags().GetString("reason")
 			since, _ := cmd.Flags().GetString("since")
 			maxN, _ := cmd.Flags().GetInt("max")
+			if maxN < 0 {
+				return &exitError{code: exitUsage, err: fmt.Errorf("--max: want ≥ 0, got %d", maxN)}
+			}
 			var r map[string]int
 			if err := c.call(http.MethodPost, "/v1/lanes/"+url.PathEscape(args[0])+"/dead-letters/replay",
 				admin.ReplayRequest{Reason: reason, Since: since, Max: maxN}, &r); err != nil || c.output == "json" {

@@ -4,6 +4,7 @@ package admin
 
 import (
 	"fmt"
+	"log/slog"
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,9 +24,9 @@ type Backend interface {
 // (200, or 503 with the reason from b.NotReady), and the admin API of SPEC
 // §6 on b, whose write endpoints need "Authorization: Bearer <token>" when
 // token is not empty, and the web console at / (its assets under /console/).
-func NewHandler(reg *prometheus.Registry, b Lanes, token string) http.Handler {
+func NewHandler(reg *prometheus.Registry, b Lanes, token string, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
-	api{b: b, token: token}.routes(mux)
+	api{b: b, token: token, log: log}.routes(mux)
 	mux.Handle("GET /{$}", console.Handler())
 	mux.Handle("GET "+console.AssetPrefix, console.Handler())
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))

@@ -7,11 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/sources"
 )
 
@@ -62,6 +65,8 @@ type PurgeResult struct {
 var (
 	// ErrNoLane: no lane of that name (404).
 	ErrNoLane = errors.New("no such lane")
+	// ErrBadRequest: the request's values are wrong (400).
+	ErrBadRequest = errors.New("bad request")
 	// ErrConflict: the request cannot apply in the lane's state (409).
 	ErrConflict = errors.New("conflict")
 )
@@ -82,6 +87,7 @@ type Lanes interface {
 type api struct {
 	b     Lanes
 	token string
+	log   *slog.Logger
 }
 
 func (a api) routes(mux *http.ServeMux) {
@@ -111,6 +117,17 @@ func (a api) routes(mux *http.ServeMux) {
 		res, err := a.b.Purge(r.Context(), r.PathValue("lane"))
 		a.answer(w, res, err)
 	}))
+	// Errors are JSON everywhere under /v1/ (SPEC §6), also for a path or a
+	// method the API does not have: the patterns above win over these.
+	for _, p := range []string{"/v1/lanes", "/v1/lanes/{lane}", "/v1/lanes/{lane}/pause", "/v1/lanes/{lane}/resume",
+		"/v1/lanes/{lane}/dead-letters", "/v1/lanes/{lane}/dead-letters/replay", "/v1/lanes/{lane}/purge"} {
+		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusMethodNotAllowed, fmt.Errorf("%s is not allowed on %s", r.Method, r.URL.Path))
+		})
+	}
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Errorf("no endpoint %s (see docs/admin-api.md)", r.URL.Path))
+	})
 }
 
 // write guards a write endpoint with the bearer token (when one is set),
@@ -125,6 +142,7 @@ func (a api) write(h http.HandlerFunc) http.HandlerFunc {
 				return
 			}
 		}
+		a.log.Info("admin API write", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
 		h(w, r)
 	}
 }
@@ -180,6 +198,8 @@ func (a api) answer(w http.ResponseWriter, v any, err error) {
 		writeJSON(w, http.StatusOK, v)
 	case errors.Is(err, ErrNoLane):
 		writeError(w, http.StatusNotFound, err)
+	case errors.Is(err, ErrBadRequest):
+		writeError(w, http.StatusBadRequest, err)
 	case errors.Is(err, ErrConflict):
 		writeError(w, http.StatusConflict, err)
 	default:
@@ -191,6 +211,9 @@ func (a api) answer(w http.ResponseWriter, v any, err error) {
 // 3339 or a Go duration back from now.
 func filter(reason, since, limit string) (sources.DeadLetterFilter, error) {
 	f := sources.DeadLetterFilter{Reason: reason}
+	if reason != "" && !slices.Contains(shaper.DeadLetterReasons, reason) {
+		return f, fmt.Errorf("reason: want one of %s, got %q", strings.Join(shaper.DeadLetterReasons, ", "), reason)
+	}
 	if since != "" {
 		if t, err := time.Parse(time.RFC3339, since); err == nil {
 			f.Since = t
@@ -216,6 +239,10 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
 		writeError(w, http.StatusBadRequest, fmt.Errorf("body: %w", err))
+		return false
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, errors.New("body: one JSON object expected, more follows"))
 		return false
 	}
 	return true

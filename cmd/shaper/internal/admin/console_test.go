@@ -2,6 +2,7 @@ package admin
 
 import (
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -29,7 +30,7 @@ func consoleGet(t *testing.T, h http.Handler, method, path string) (*http.Respon
 // none of them names an external host; the script never parses API values
 // as HTML.
 func TestConsoleSelfContained(t *testing.T) {
-	h := NewHandler(prometheus.NewRegistry(), nil, "token")
+	h := NewHandler(prometheus.NewRegistry(), nil, "token", slog.New(slog.DiscardHandler))
 	resp, page := consoleGet(t, h, http.MethodGet, "/")
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/html; charset=utf-8" {
 		t.Fatalf("GET /: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))

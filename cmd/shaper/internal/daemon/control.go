@@ -157,7 +157,10 @@ func (d *Daemon) Lane(ctx context.Context, name string) (admin.LaneView, error) 
 	} else if st.State == drain.StatePaused {
 		v.PauseReason = "downstream Retry-After"
 	}
-	v.DeadLetters, _ = d.deadLetters(rec).Count(ctx)
+	if n, err := d.deadLetters(rec).Count(ctx); err == nil {
+		rec.deadCount.Store(n)
+	}
+	v.DeadLetters = rec.deadCount.Load() // the last count read when NATS does not answer
 	return v, nil
 }
 
@@ -178,27 +181,42 @@ func (d *Daemon) Pause(ctx context.Context, name string, dur time.Duration, reas
 	}
 	lc, err := d.control.Update(ctx, name, func(lc *sources.LaneControl) { lc.Pause = p })
 	if err != nil {
-		return err
+		return controlErr(err)
 	}
 	applyTo(rec.lane, lc) // at once here; the watch brings it to the others
 	return nil
 }
 
-// Resume ends an operator's pause on every replica.
+// Resume ends an operator's pause and an open breaker on every replica. It
+// is a conflict (admin.ErrConflict) when neither was in force but the
+// downstream's Retry-After pauses the lane: resume does not end that.
 func (d *Daemon) Resume(ctx context.Context, name string) error {
 	rec, err := d.lane(name)
 	if err != nil {
 		return err
 	}
+	now := time.Now()
+	_, held := rec.lane.HoldState(now)
+	open, _ := rec.lane.BreakerOpen()
+	if st := rec.lane.Status(now); !held && !open && st.State == drain.StatePaused {
+		return fmt.Errorf("%w: lane %q is paused by the downstream's Retry-After until %s; resume ends only an operator's pause or an open breaker",
+			admin.ErrConflict, name, st.PausedUntil.Format(time.RFC3339))
+	}
 	lc, err := d.control.Update(ctx, name, func(lc *sources.LaneControl) {
 		lc.Pause, lc.ResumedAt = nil, time.Now()
 	})
 	if err != nil {
-		return err
+		return controlErr(err)
 	}
 	applyTo(rec.lane, lc)
 	rec.lane.ResetBreaker()
 	return nil
+}
+
+// controlErr says that an operator's decision could not be kept on the
+// NATS server.
+func controlErr(err error) error {
+	return fmt.Errorf("keeping the decision in %s on the NATS server: %w", sources.ControlBucket, err)
 }
 
 // DeadLetters lists the lane's dead letters.
@@ -221,6 +239,9 @@ func (d *Daemon) Replay(ctx context.Context, name string, f sources.DeadLetterFi
 		return 0, err
 	}
 	n, err := d.deadLetters(rec).Replay(ctx, f)
+	if err != nil {
+		err = fmt.Errorf("replayed %d, then: %w", n, err)
+	}
 	d.log.Info("dead letters replayed by operator", "lane", name, "replayed", n, "reason", f.Reason, "err", err)
 	return n, err
 }
@@ -241,14 +262,15 @@ func (d *Daemon) Purge(ctx context.Context, name string) (admin.PurgeResult, err
 		return admin.PurgeResult{}, err
 	}
 	res := admin.PurgeResult{UpToSeq: info.State.LastSeq}
-	lc, err := d.control.Update(ctx, name, func(lc *sources.LaneControl) { lc.PurgeUpTo = max(lc.PurgeUpTo, res.UpToSeq) })
-	if err != nil {
-		return res, err
+	// This replica first, so that the answer counts what its bucket held;
+	// then the record, which the others (and a restart) apply.
+	res.Held = rec.lane.Purge(res.UpToSeq)
+	if _, err := d.control.Update(ctx, name, func(lc *sources.LaneControl) { lc.PurgeUpTo = max(lc.PurgeUpTo, res.UpToSeq) }); err != nil {
+		return res, controlErr(err)
 	}
-	res.Held = rec.lane.Purge(lc.PurgeUpTo)
 	if c, err := d.js.Consumer(ctx, rec.cfg.Source.Stream, rec.cfg.Source.Consumer); err == nil {
 		if ci, err := c.Info(ctx); err == nil {
-			res.Pending = ci.NumPending + uint64(ci.NumAckPending)
+			res.Pending = ci.NumPending
 		}
 	}
 	return res, nil

@@ -96,7 +96,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if d.adminLn, err = net.Listen("tcp", d.cfg.Admin.Listen); err != nil {
 		return fmt.Errorf("admin.listen %s: %w", d.cfg.Admin.Listen, err)
 	}
-	d.admin = &http.Server{Handler: admin.NewHandler(d.reg, d, d.cfg.Admin.Token), ReadHeaderTimeout: 5 * time.Second}
+	d.admin = &http.Server{Handler: admin.NewHandler(d.reg, d, d.cfg.Admin.Token, d.log), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = d.admin.Serve(d.adminLn) }()
 	d.log.Info("admin listening", "addr", d.adminLn.Addr().String())
 
@@ -155,6 +155,9 @@ type laneRec struct {
 	src  *sources.JetStream
 	sink drain.Sink
 	dead drain.Sink // the dead-letter publisher (its own connection once used)
+	// deadCount is the last count of the lane's dead letters read (the
+	// admin API shows it when NATS does not answer).
+	deadCount atomic.Uint64
 }
 
 // newLane creates (but does not start) the lane name: its dead-letter
