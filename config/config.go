@@ -260,4 +260,7 @@ type Sink struct {
 	// Subject is where a nats sink publishes (required there); no wildcards,
 	// not consumed by the same lane.
 	Subject string `mapstructure:"subject"`
+	// DedupWindow is how long the key of a delivered message is remembered
+	// (SPEC §3 Delivered-key dedup; config/dedup.go). ≥ 0; 0 (default) = off.
+	DedupWindow time.Duration `mapstructure:"dedup_window"`
 }

@@ -462,6 +462,7 @@ func (v *validator) lane(name string, l Lane) {
 	}
 
 	v.sink(name, l)
+	v.dedupWindow(k, l)
 	v.ackWaitWarning(name, l)
 }
 

@@ -55,3 +55,18 @@ const maxWireWait = 50 * time.Millisecond
 // Connector is implemented by sources that can tell whether they are
 // connected to their server (sources.JetStream).
 type Connector interface{ Connected() bool }
+
+// Dedup remembers the keys (SPEC G8) of delivered messages for a window
+// (sink.dedup_window; SPEC §3 Delivered-key dedup). Implementations:
+// sources.KVDedup (a JetStream key-value bucket shared by all replicas of a
+// lane, surviving restarts). Both methods are called concurrently by up to
+// max_in_flight tasks and must return when ctx ends.
+type Dedup interface {
+	// Seen reports whether key was recorded within the window. An error
+	// means the store could not tell; the lane then delivers the message
+	// (at-least-once).
+	Seen(ctx context.Context, key string) (bool, error)
+	// Record stores key as delivered now, for the window. An error means
+	// it may not be stored; the lane acks the message anyway.
+	Record(ctx context.Context, key string) error
+}

@@ -61,7 +61,10 @@ func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status 
 	}
 	h[HeaderReason] = []string{reason}
 	h[HeaderDownstream] = []string{l.name}
-	attempts := m.NumDelivered
+	attempts := shaper.DeliveryAttempt(m) // not counting Not-Before holds
+	if m.NumDelivered == 0 {
+		attempts = 0 // not from a server delivery
+	}
 	if status == notAttempted && attempts > 0 {
 		attempts-- // this delivery never reached the sink
 	}

@@ -2,7 +2,6 @@ package drain
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/shaper-dev/shaper/shaper"
@@ -144,7 +143,7 @@ func (l *Lane) awaitConnected(ctx context.Context) bool {
 }
 
 // awaitHead waits until the bucket has a deliverable message at its head,
-// dead-lettering expired ones (bucket.max_age). It returns false when the
+// dead-lettering expired ones (bucket.max_age, Shaper-Deadline). It returns false when the
 // loop must end: stopped, or draining with the bucket empty and fetching over.
 func (l *Lane) awaitHead(ctx context.Context) bool {
 	for {
@@ -188,7 +187,7 @@ func (l *Lane) popDeliverable(now time.Time) (*shaper.Message, bool) {
 // was removed.
 func (l *Lane) sweepExpired(now time.Time, headOnly bool) bool {
 	maxAge := l.conf().Bucket.MaxAge
-	if maxAge <= 0 {
+	if maxAge <= 0 && !l.deadlines.Load() { // no max_age, and no Shaper-Deadline seen
 		return false
 	}
 	expired := func(m *shaper.Message) bool { return shaper.Expired(m, now, maxAge) }
@@ -209,17 +208,19 @@ func (l *Lane) sweepExpired(now time.Time, headOnly bool) bool {
 	}
 	l.m.BucketDepth.Set(float64(l.bucket.Len()))
 	for _, m := range removed {
-		l.expire(m, maxAge)
+		l.expire(m, now, maxAge)
 	}
 	return true
 }
 
-// expire dead-letters m, which is older than maxAge, with reason expired.
-func (l *Lane) expire(m *shaper.Message, maxAge time.Duration) {
+// expire dead-letters m, which is older than maxAge or past its
+// Shaper-Deadline at now (shaper.Expired), with reason expired.
+func (l *Lane) expire(m *shaper.Message, now time.Time, maxAge time.Duration) {
+	cause := shaper.ExpiryCause(m, now, maxAge)
 	l.tasks.Add(1)
 	go func() {
 		defer l.tasks.Done()
-		l.deadLetter(m, shaper.ReasonExpired, fmt.Errorf("older than bucket.max_age %s at departure", maxAge), notAttempted)
+		l.deadLetter(m, shaper.ReasonExpired, cause, notAttempted)
 	}()
 }
 

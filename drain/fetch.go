@@ -83,6 +83,9 @@ func (l *Lane) admit(m *shaper.Message, reserved bool) {
 		l.purge(m)
 		return
 	}
+	if l.holdNotDue(m, reserved) { // Shaper-Not-Before, Shaper-Deadline (timing.go)
+		return
+	}
 	if m.Invalid != "" {
 		if reserved {
 			l.bucket.Release(1)

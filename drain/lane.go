@@ -96,6 +96,8 @@ type Lane struct {
 	purging       bool              // a goroutine works through purgeQ
 	pauseLogged   time.Time         // the end of the last pause whose end was logged
 	brk           laneBreaker       // task.breaker (breaker.go)
+	deadlines     atomic.Bool       // a message with a Shaper-Deadline was admitted (timing.go)
+	dedup         laneDedup         // sink.dedup_window (dedup.go)
 
 	fetchStop  chan struct{} // closed: stop fetching
 	fetchDone  chan struct{} // closed when the fetch loop returned
@@ -185,12 +187,13 @@ var ErrRestartNeeded = errors.New("drain: this change needs a lane restart")
 // dead-letter-free settings. Messages held stay where they are; nothing is
 // nak'd or redelivered. A smaller capacity only limits new admissions. It
 // returns ErrRestartNeeded, changing nothing, when the source (stream,
-// subjects, consumer, ack_wait, max_ack_pending), the overflow mode or the
-// dead-letter subject changed. The sink is swapped separately (SetSink).
+// subjects, consumer, ack_wait, max_ack_pending), the overflow mode, the
+// dead-letter subject or sink.dedup_window changed. The sink is swapped separately (SetSink).
 func (l *Lane) Update(cfg config.Lane) error {
 	old := l.conf()
 	if !sameSource(old.Source, cfg.Source) || old.Bucket.Overflow != cfg.Bucket.Overflow ||
-		old.DeadLetter != cfg.DeadLetter || old.Rate.Global != cfg.Rate.Global {
+		old.DeadLetter != cfg.DeadLetter || old.Rate.Global != cfg.Rate.Global ||
+		old.Sink.DedupWindow != cfg.Sink.DedupWindow { // the store is the lane's (WithDedup)
 		return ErrRestartNeeded
 	}
 	l.cfgp.Store(&cfg)

@@ -36,6 +36,7 @@ type memMsg struct {
 	src       *memSource
 	id        int
 	data      []byte
+	header    map[string][]string
 	published time.Time
 	delivered uint64
 	state     string // "ready", "pending", "acked", "termed"
@@ -90,7 +91,7 @@ func (s *memSource) Fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 		for _, m := range batch {
 			got++
 			deliver(&shaper.Message{
-				Subject: "jobs", Data: m.data, Stream: "MEM", StreamSeq: uint64(m.id + 1), Published: m.published,
+				Subject: "jobs", Header: m.header, Data: m.data, Stream: "MEM", StreamSeq: uint64(m.id + 1), Published: m.published,
 				NumDelivered: m.delivered, Received: time.Now(), Acker: &memAcker{m: m, seen: m.delivered},
 			})
 		}

@@ -24,6 +24,9 @@ func (l *Lane) runTask(m *shaper.Message) {
 		l.slots.release()
 		l.tasks.Done()
 	}()
+	if l.skipDelivered(m) { // sink.dedup_window (dedup.go)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.conf().Task.Timeout)
 	ctx = shaper.WithWire(ctx, func(t time.Time) { l.wired(m, t) })
 	start := time.Now()
@@ -46,6 +49,7 @@ func (l *Lane) runTask(m *shaper.Message) {
 func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
 	l.breakerRecord(m, attemptOf(err, timedOut), err)
 	if err == nil {
+		l.recordDelivered(m) // before the ack (dedup.go)
 		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
 		aerr := m.Acker.Ack(ctx)
 		cancel()
@@ -60,7 +64,8 @@ func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
 	}
 	l.lastErr.Store(truncate(err.Error(), 512))
 	cfg := l.conf()
-	v := decide(err, timedOut, m.NumDelivered, cfg.Source, cfg.Task.Retry)
+	// Holds of a Shaper-Not-Before are deliveries, not attempts (timing.go).
+	v := decide(err, timedOut, shaper.DeliveryAttempt(m), cfg.Source, cfg.Task.Retry)
 	if v.kind == verdictDeadLetter {
 		if l.deadLetter(m, v.reason, err, v.status) {
 			l.m.Deliveries[shaper.OutcomeDeadLetter].Inc()

@@ -63,6 +63,10 @@ type Message struct {
 	Admitted time.Time
 	// Departed is when the message left the bucket (set by the lane).
 	Departed time.Time
+	// NotBefore and Deadline are its Shaper-Not-Before and Shaper-Deadline
+	// (SPEC §3 Per-message control), read by the lane at admission
+	// (TimingOf); zero when absent.
+	NotBefore, Deadline time.Time
 	// Invalid, when not empty, says why the source could not turn what it
 	// received into a deliverable message; the lane dead-letters it with
 	// reason "invalid" instead of admitting it.

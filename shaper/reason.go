@@ -37,17 +37,24 @@ const (
 	OutcomeRetry = "retry"
 	// OutcomeDeadLetter: the delivery ended in the dead letter.
 	OutcomeDeadLetter = "dead_letter"
+	// OutcomeDuplicateSkipped: the key was already delivered within
+	// sink.dedup_window (SPEC §3 Delivered-key dedup): acked without a sink
+	// call.
+	OutcomeDuplicateSkipped = "duplicate_skipped"
 	// RetryRateLimited: handed back because the downstream pushed back
 	// (429/503 with Retry-After, case C17), not because the message failed.
 	RetryRateLimited = "rate_limited"
 	// RetryDrain: a drain's leftover, handed back at shutdown.
 	RetryDrain = "drain"
+	// RetryNotBefore: handed back until its Shaper-Not-Before (a hold,
+	// not a failure: it does not count toward source.max_deliver).
+	RetryNotBefore = "not_before"
 )
 
 // TaskOutcomes, DeliveryOutcomes and RetryReasons list the label values of
 // the metrics that count them.
 var (
 	TaskOutcomes     = []string{OutcomeSuccess, OutcomeError, OutcomeTimeout}
-	DeliveryOutcomes = []string{OutcomeSuccess, OutcomeRetry, OutcomeDeadLetter}
-	RetryReasons     = []string{OutcomeError, OutcomeTimeout, RetryRateLimited, RetryDrain}
+	DeliveryOutcomes = []string{OutcomeSuccess, OutcomeRetry, OutcomeDeadLetter, OutcomeDuplicateSkipped}
+	RetryReasons     = []string{OutcomeError, OutcomeTimeout, RetryRateLimited, RetryDrain, RetryNotBefore}
 )

@@ -202,6 +202,15 @@ func (d *Daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 	if lc.Rate.Global {
 		opts = append(opts, drain.WithGlobal(d.redis.Lane(name), d.cfg.Redis.ReplicasHint))
 	}
+	if w := lc.Sink.DedupWindow; w > 0 { // SPEC §3 Delivered-key dedup
+		dd, err := sources.NewKVDedup(ctx, d.js, name, w, 1) // one replica, like SHAPER_CONTROL
+		if err != nil {
+			closeSink(sink)
+			closeSink(dead)
+			return nil, fmt.Errorf("lane %q: sink.dedup_window: %w", name, err)
+		}
+		opts = append(opts, drain.WithDedup(dd))
+	}
 	lane, err := drain.New(name, lc, src, sink, opts...)
 	if err != nil {
 		closeSink(sink)
