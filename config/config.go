@@ -243,7 +243,8 @@ type Sink struct {
 	// Kind is SinkHTTP, SinkNATS or SinkLog. Required.
 	Kind string `mapstructure:"kind"`
 	// URL is the http:// or https:// URL of an http sink (required there);
-	// may use ${ENV}.
+	// may use ${ENV}. Its path and query may use {header:NAME} and
+	// {subject:N}, filled from each message (sinks.URLTemplate).
 	URL string `mapstructure:"url"`
 	// Method is the HTTP method (an RFC 9110 token). Default POST.
 	Method string `mapstructure:"method"`
@@ -260,4 +261,7 @@ type Sink struct {
 	// Subject is where a nats sink publishes (required there); no wildcards,
 	// not consumed by the same lane.
 	Subject string `mapstructure:"subject"`
+	// Signing signs an http sink's requests (Standard Webhooks); off by
+	// default (config/signing.go).
+	Signing SinkSigning `mapstructure:"signing"`
 }
