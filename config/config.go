@@ -243,7 +243,8 @@ type Sink struct {
 	// Kind is SinkHTTP, SinkNATS or SinkLog. Required.
 	Kind string `mapstructure:"kind"`
 	// URL is the http:// or https:// URL of an http sink (required there);
-	// may use ${ENV}.
+	// may use ${ENV}. Its path and query may use {header:NAME} and
+	// {subject:N}, filled from each message (sinks.URLTemplate).
 	URL string `mapstructure:"url"`
 	// Method is the HTTP method (an RFC 9110 token). Default POST.
 	Method string `mapstructure:"method"`
@@ -263,4 +264,7 @@ type Sink struct {
 	// DedupWindow is how long the key of a delivered message is remembered
 	// (SPEC §3 Delivered-key dedup; config/dedup.go). ≥ 0; 0 (default) = off.
 	DedupWindow time.Duration `mapstructure:"dedup_window"`
+	// Signing signs an http sink's requests (Standard Webhooks); off by
+	// default (config/signing.go).
+	Signing SinkSigning `mapstructure:"signing"`
 }

@@ -39,7 +39,7 @@ import (
 // Durations need a unit ("5s"; a bare number other than 0 is an error, never
 // nanoseconds); rates are "N/s", "N/m", "N/h" or a number per second
 // ([shaper.ParseLimit]). ${NAME} in nats.url, redis.addr, redis.username,
-// redis.password, sink.url and sink.headers values is replaced by the
+// redis.password, sink.url, sink.headers and sink.signing.secrets values is replaced by the
 // environment variable NAME; one that is unset or empty is an error naming
 // the key and the variable.
 //

@@ -49,6 +49,7 @@ func expandSecrets(p *problems, c *Config) {
 		}
 		c.Downstreams[name] = l
 	}
+	expandSigning(c, expand) // config/signing.go
 }
 
 // expandEnv replaces each ${NAME} in s by the value of the environment
@@ -157,6 +158,7 @@ func (c *Config) Redacted() *Config {
 		l.Sink.SuccessStatus = slices.Clone(l.Sink.SuccessStatus)
 		l.Sink.RetryableStatus = slices.Clone(l.Sink.RetryableStatus)
 		l.Sink.URL = c.shownRaw(prefix+"url", l.Sink.URL)
+		l.Sink.Signing.Secrets = c.redactedSigning(name, l.Sink.Signing.Secrets)
 		if l.Sink.Headers != nil {
 			headers := make(map[string]string, len(l.Sink.Headers))
 			for h, val := range l.Sink.Headers {

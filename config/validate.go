@@ -506,6 +506,7 @@ func (v *validator) sink(name string, l Lane) {
 	if s.Subject != "" && (s.Kind == SinkHTTP || s.Kind == SinkLog) {
 		v.warn(k("subject"), "ignored for sink kind %s", s.Kind)
 	}
+	v.signing(name, s) // config/signing.go
 }
 
 // reservedHeaders are set by the HTTP sink itself or by the HTTP client
@@ -517,6 +518,8 @@ func (v *validator) httpSink(name string, s Sink) {
 	k := func(rel string) string { return "downstreams." + name + ".sink." + rel }
 	if s.URL == "" {
 		v.check(false, k("url"), "required for sink kind http (an http:// or https:// URL)")
+	} else if hasPlaceholders(s.URL) { // a per-message address: config/urltemplate.go
+		v.urlTemplate(name, s.URL, v.c.Downstreams[name].Source.Subjects)
 	} else if u, err := url.Parse(s.URL); err != nil {
 		v.check(false, k("url"), "%s is not a valid URL", v.show(k("url"), s.URL))
 	} else if u.Scheme == "" {

@@ -45,6 +45,8 @@ func TestAttemptOf(t *testing.T) {
 		{"429", &shaper.SinkError{Status: 429, RetryAfter: time.Second, Saturated: true}, false, shaper.AttemptNeutral},
 		{"409 listed as retryable", &shaper.SinkError{Status: 409}, false, shaper.AttemptNeutral},
 		{"permanent with no status (bad key)", &shaper.SinkError{Permanent: true}, false, shaper.AttemptNeutral},
+		{"invalid message (sink.url's header missing): the request never left",
+			&shaper.SinkError{Permanent: true, Err: fmt.Errorf("url: %w", shaper.ErrInvalidMessage)}, false, shaper.AttemptNeutral},
 	} {
 		if got := attemptOf(tc.err, tc.timedOut); got != tc.want {
 			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)

@@ -37,6 +37,9 @@ type verdict struct {
 // decide returns the verdict for an attempt that ended with err (nil =
 // delivered; timedOut when the task timeout ended it), of a message the
 // server delivered delivered times, under the lane's retry rules:
+//   - a message the sink could not build a request from (errors.Is
+//     ErrInvalidMessage: a header sink.url references is missing) is
+//     dead-lettered invalid, as not attempted: the request never left;
 //   - a permanent failure (errors.Is ErrPermanent: a 4xx other than 408/429,
 //     or a status not listed as retryable) is dead-lettered rejected_by_sink;
 //   - a failure at delivery count ≥ source.max_deliver (> 0) is
@@ -54,6 +57,10 @@ func decide(err error, timedOut bool, delivered uint64, src config.Source, retry
 	v := verdict{}
 	if se != nil {
 		v.status = se.Status
+	}
+	if errors.Is(err, shaper.ErrInvalidMessage) {
+		v.kind, v.reason, v.status = verdictDeadLetter, shaper.ReasonInvalid, notAttempted
+		return v
 	}
 	if errors.Is(err, shaper.ErrPermanent) {
 		v.kind, v.reason = verdictDeadLetter, shaper.ReasonRejectedBySink

@@ -14,6 +14,7 @@ if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v node >/dev/null 2>&1 || missing+=(nodejs npm) # the Standard Webhooks verifier (internal/swverify)
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
   missing+=(chromium)
 fi
@@ -22,6 +23,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+[ -f internal/swverify/testdata/node_modules/standardwebhooks/package.json ] || (cd internal/swverify/testdata && npm ci --no-audit --no-fund --loglevel=error)
 
 echo "test.sh: go vet ./..." >&2
 go vet ./...

@@ -16,7 +16,10 @@
 //     Every other result is a *[shaper.SinkError] (found with errors.As);
 //     it is retryable unless its Permanent field is set, in which case
 //     errors.Is(err, shaper.ErrPermanent) holds and the worker dead-letters
-//     the message with reason "rejected_by_sink".
+//     the message with reason "rejected_by_sink". A message the sink cannot
+//     build a delivery from (the HTTP sink's per-message address lacks a
+//     header) is a permanent SinkError that also wraps
+//     [shaper.ErrInvalidMessage]: dead letter "invalid", nothing sent.
 //   - Send never modifies the message it is given, and no error text or log
 //     record contains a payload.
 //   - Close waits for Sends in progress to return (each is bounded by its

@@ -59,7 +59,9 @@ const (
 type HTTPConfig struct {
 	// URL is the absolute http or https URL every message is sent to.
 	// Required. It may carry credentials (user:password@ for basic auth, a
-	// token in the query); it never appears in errors or logs.
+	// token in the query); it never appears in errors or logs. Its path and
+	// query may use {header:NAME} and {subject:N}, filled from each message
+	// ([URLTemplate]).
 	URL string
 	// Method is the request method; "" means POST. Standard methods are
 	// upper-cased ("post" is POST); others are sent as written.
@@ -79,6 +81,9 @@ type HTTPConfig struct {
 	// (for example 409 or 425 for a downstream that uses them for
 	// transient conflicts). Optional.
 	RetryableStatus []int
+	// Signing signs every request (sink.signing, signing.go); the zero
+	// value signs nothing.
+	Signing SigningConfig
 	// Client, when non-nil, sends the requests and is used as is: its
 	// transport, timeout and redirect policy apply, and Close leaves it
 	// alone. When nil the sink uses its own client: a keep-alive transport
@@ -136,7 +141,10 @@ func WithMaxIdleConnsPerHost(n int) Option {
 // HTTP delivers each message as one HTTP request. It is safe for concurrent
 // use; see the package documentation for the contract of Send and Close.
 //
-// The request carries:
+// The request goes to HTTPConfig.URL with its placeholders filled from the
+// message ([URLTemplate]); a message that lacks what they reference fails
+// with a permanent SinkError wrapping [shaper.ErrInvalidMessage] before
+// anything is sent (dead letter "invalid"). It carries:
 //   - the body: Message.Data, unchanged;
 //   - the configured headers;
 //   - Idempotency-Key: Message.Key(), the Nats-Msg-Id header when present,
@@ -151,7 +159,9 @@ func WithMaxIdleConnsPerHost(n int) Option {
 //     X-Nats-Nats-Msg-Id; a job header named Msg-Id lands there too, both
 //     values kept). A header that HTTP cannot carry (a name that is not an
 //     RFC 9110 token, a value with control characters) is skipped and
-//     logged at debug level with its name only.
+//     logged at debug level with its name only;
+//   - with HTTPConfig.Signing, the Standard Webhooks headers webhook-id
+//     (Message.Key()), webhook-timestamp and webhook-signature (signing.go).
 //
 // The response is classified in this order:
 //  1. a status in HTTPConfig.SuccessStatus: nil;
@@ -168,7 +178,8 @@ func WithMaxIdleConnsPerHost(n int) Option {
 type HTTP struct {
 	client    *http.Client
 	transport *http.Transport // owned; nil when HTTPConfig.Client was given
-	url       string
+	url       *URLTemplate
+	signer    *signer // nil: no signing
 	method    string
 	host      string
 	headers   http.Header
@@ -194,16 +205,19 @@ func NewHTTP(cfg HTTPConfig, opts ...Option) (*HTTP, error) {
 		opt.apply(&o)
 	}
 	s := &HTTP{
-		url:     cfg.URL,
 		method:  cfg.Method,
 		headers: make(http.Header, len(cfg.Headers)),
 		logger:  o.logger,
 		now:     o.now,
 	}
 	var errs []error
-	if u, err := url.Parse(cfg.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		errs = append(errs, errors.New("url: must be an absolute http or https URL"))
+	var err error
+	if s.url, err = ParseURLTemplate(cfg.URL); err != nil { // urltemplate.go
+		errs = append(errs, fmt.Errorf("url: %w", err))
 	}
+	signer, serrs := newSigner(cfg.Signing) // signing.go
+	s.signer, errs = signer, append(errs, serrs...)
+	errs = append(errs, signer.reservedIn(cfg.Headers)...)
 	if s.method == "" {
 		s.method = DefaultMethod
 	}
@@ -356,7 +370,11 @@ func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
 			},
 		})
 	}
-	req, err := http.NewRequestWithContext(rctx, s.method, s.url, bytes.NewReader(m.Data))
+	target, err := s.url.Expand(m)
+	if err != nil { // the message lacks what sink.url references: dead letter invalid
+		return &shaper.SinkError{Permanent: true, Err: fmt.Errorf("%s: %w", what, err)}
+	}
+	req, err := http.NewRequestWithContext(rctx, s.method, target, bytes.NewReader(m.Data))
 	if err != nil {
 		return retryable(what, stripURL(err))
 	}
@@ -371,6 +389,7 @@ func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
 	h.Set(IdempotencyKeyHeader, key)
 	h.Set(SubjectHeader, m.Subject)
 	h.Set(DeliveryHeader, strconv.FormatUint(m.NumDelivered, 10))
+	s.signer.sign(h, key, s.now(), m.Data) // last: at the send (signing.go)
 
 	resp, err := s.client.Do(req)
 	if err != nil {
