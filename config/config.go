@@ -260,4 +260,8 @@ type Sink struct {
 	// Subject is where a nats sink publishes (required there); no wildcards,
 	// not consumed by the same lane.
 	Subject string `mapstructure:"subject"`
+	// Auth is the http sink's own Authorization (config/sink_auth.go).
+	Auth SinkAuth `mapstructure:"auth"`
+	// TLS is the http sink's CA bundle and client certificate.
+	TLS SinkTLS `mapstructure:"tls"`
 }

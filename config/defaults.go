@@ -98,6 +98,7 @@ func laneDefaults() map[string]any {
 		"task.retry.max_delay":       DefaultMaxDelay,
 		"sink.method":                DefaultSinkMethod,
 		"sink.success_status":        DefaultSuccessStatus(),
+		"sink.auth.kind":             DefaultSinkAuthKind,
 
 		"task.breaker.failure_ratio": 0.0, // off
 		"task.breaker.min_attempts":  DefaultBreakerMinAttempts,

@@ -47,6 +47,7 @@ func expandSecrets(p *problems, c *Config) {
 			}
 			l.Sink.Headers = headers
 		}
+		expandAuth(prefix, &l.Sink.Auth, expand) // sink_auth.go
 		c.Downstreams[name] = l
 	}
 }
@@ -172,6 +173,7 @@ func (c *Config) Redacted() *Config {
 			}
 			l.Sink.Headers = headers
 		}
+		l.Sink.Auth = c.redactedAuth(prefix, l.Sink.Auth) // sink_auth.go
 		r.Downstreams[name] = l
 	}
 	return &r
