@@ -21,7 +21,8 @@ func (d *Daemon) newSink(sc config.Sink, maxInFlight int) (drain.Sink, error) {
 var sinkKinds = map[string]func(d *Daemon, sc config.Sink, maxInFlight int) (drain.Sink, error){
 	config.SinkHTTP: func(d *Daemon, sc config.Sink, maxInFlight int) (drain.Sink, error) {
 		s, err := sinks.NewHTTP(sinks.HTTPConfig{URL: sc.URL, Method: sc.Method, Headers: sc.Headers,
-			SuccessStatus: sc.SuccessStatus, RetryableStatus: sc.RetryableStatus},
+			SuccessStatus: sc.SuccessStatus, RetryableStatus: sc.RetryableStatus,
+			Auth: sc.Auth.HTTPAuth(), TLS: sc.TLS.HTTPTLS()},
 			sinks.WithLogger(d.log), sinks.WithMaxIdleConnsPerHost(max(sinks.DefaultMaxIdleConnsPerHost, maxInFlight)))
 		if err != nil {
 			return nil, err
