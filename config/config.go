@@ -267,4 +267,8 @@ type Sink struct {
 	// Signing signs an http sink's requests (Standard Webhooks); off by
 	// default (config/signing.go).
 	Signing SinkSigning `mapstructure:"signing"`
+	// Auth is the http sink's own Authorization (config/sink_auth.go).
+	Auth SinkAuth `mapstructure:"auth"`
+	// TLS is the http sink's CA bundle and client certificate.
+	TLS SinkTLS `mapstructure:"tls"`
 }

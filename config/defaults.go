@@ -99,6 +99,7 @@ func laneDefaults() map[string]any {
 		"sink.method":                DefaultSinkMethod,
 		"sink.success_status":        DefaultSuccessStatus(),
 		"sink.dedup_window":          time.Duration(0),
+		"sink.auth.kind":             DefaultSinkAuthKind,
 
 		"task.breaker.failure_ratio": 0.0, // off
 		"task.breaker.min_attempts":  DefaultBreakerMinAttempts,

@@ -47,6 +47,7 @@ func expandSecrets(p *problems, c *Config) {
 			}
 			l.Sink.Headers = headers
 		}
+		expandAuth(prefix, &l.Sink.Auth, expand) // sink_auth.go
 		c.Downstreams[name] = l
 	}
 	expandSigning(c, expand) // config/signing.go
@@ -174,6 +175,7 @@ func (c *Config) Redacted() *Config {
 			}
 			l.Sink.Headers = headers
 		}
+		l.Sink.Auth = c.redactedAuth(prefix, l.Sink.Auth) // sink_auth.go
 		r.Downstreams[name] = l
 	}
 	return &r

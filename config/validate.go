@@ -506,7 +506,8 @@ func (v *validator) sink(name string, l Lane) {
 	if s.Subject != "" && (s.Kind == SinkHTTP || s.Kind == SinkLog) {
 		v.warn(k("subject"), "ignored for sink kind %s", s.Kind)
 	}
-	v.signing(name, s) // config/signing.go
+	v.signing(name, s)         // config/signing.go
+	v.sinkAuthIgnored(name, s) // sink_auth.go
 }
 
 // reservedHeaders are set by the HTTP sink itself or by the HTTP client
@@ -557,6 +558,7 @@ func (v *validator) httpSink(name string, s Sink) {
 			v.check(false, key, "value contains control characters")
 		}
 	}
+	v.sinkAuthTLS(name, s) // sink_auth.go
 }
 
 // ackWaitWarning warns when ack_wait is shorter than the worst-case time a

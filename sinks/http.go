@@ -91,6 +91,12 @@ type HTTPConfig struct {
 	// environment, no overall timeout (the ctx of Send bounds each call) and
 	// no redirects followed (a 3xx is classified like any other status).
 	Client *http.Client
+	// Auth is sink.auth: the Authorization header the sink sets itself
+	// (auth.go). The zero value sends none.
+	Auth AuthConfig
+	// TLS is sink.tls: CA bundle and client certificate (tlsfiles.go); not
+	// with Client.
+	TLS TLSFiles
 }
 
 // Option configures an HTTP sink. The set is closed: options are made by
@@ -147,6 +153,8 @@ func WithMaxIdleConnsPerHost(n int) Option {
 // anything is sent (dead letter "invalid"). It carries:
 //   - the body: Message.Data, unchanged;
 //   - the configured headers;
+//   - Authorization, when HTTPConfig.Auth is set (auth.go: a token of a
+//     file or of an OAuth2 endpoint; one retry in the same Send after a 401);
 //   - Idempotency-Key: Message.Key(), the Nats-Msg-Id header when present,
 //     else "<stream>:<stream sequence>" (SPEC G8);
 //   - X-Shaper-Subject: Message.Subject, and X-Shaper-Delivery:
@@ -188,11 +196,14 @@ type HTTP struct {
 	logger    *slog.Logger
 	now       func() time.Time
 	gate      gate
+	auth      authorizer   // nil: sink.auth none
+	tls       *tlsReloader // nil: no sink.tls
 }
 
 // NewHTTP returns an HTTP sink for cfg. It checks cfg and returns every
 // problem at once (errors.Join), each prefixed with its key relative to the
-// sink (url, method, headers.<name>, success_status[i], retryable_status[i])
+// sink (url, method, headers.<name>, success_status[i], retryable_status[i],
+// auth.*, tls.*: [CheckAuth], [CheckTLS])
 // so the caller can add "downstreams.<lane>.sink.". Messages never repeat a
 // header value or the URL, which may be secret.
 func NewHTTP(cfg HTTPConfig, opts ...Option) (*HTTP, error) {
@@ -261,10 +272,19 @@ func NewHTTP(cfg HTTPConfig, opts ...Option) (*HTTP, error) {
 		}
 		s.retryable.add(code)
 	}
+	for _, p := range append(CheckAuth(cfg.Auth, cfg.Headers), CheckTLS(cfg.TLS, cfg.URL)...) {
+		errs = append(errs, p)
+	}
+	if !cfg.TLS.IsZero() && cfg.Client != nil {
+		errs = append(errs, errors.New("tls: not with HTTPConfig.Client (configure its transport)"))
+	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("sinks: http: %w", errors.Join(errs...))
 	}
 
+	if err := s.startAuthTLS(cfg); err != nil {
+		return nil, fmt.Errorf("sinks: http: %w", err)
+	}
 	if cfg.Client != nil {
 		s.client = cfg.Client
 		return s, nil
@@ -285,6 +305,10 @@ func NewHTTP(cfg HTTPConfig, opts ...Option) (*HTTP, error) {
 		// own: the downstream receives only the headers the README lists
 		// (issue 12); only a short snippet of an error body is read.
 		DisableCompression: true,
+	}
+	if s.tls != nil {
+		s.transport.TLSClientConfig = s.tls.config()
+		s.tls.transport.Store(s.transport)
 	}
 	s.client = &http.Client{
 		Transport: s.transport,
@@ -391,7 +415,7 @@ func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
 	h.Set(DeliveryHeader, strconv.FormatUint(m.NumDelivered, 10))
 	s.signer.sign(h, key, s.now(), m.Data) // last: at the send (signing.go)
 
-	resp, err := s.client.Do(req)
+	resp, err := s.do(ctx, req) // with sink.auth's header (auth.go)
 	if err != nil {
 		cause := stripURL(err)
 		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(cause, ctxErr) {
@@ -474,8 +498,11 @@ func (s *HTTP) forwardNATSHeaders(h http.Header, from map[string][]string) {
 // the sink's own transport (a caller's HTTPConfig.Client is left alone).
 // It always returns nil; later calls return at once.
 func (s *HTTP) Close() error {
-	if s.gate.close() && s.transport != nil {
-		s.transport.CloseIdleConnections()
+	if s.gate.close() {
+		s.stopAuthTLS()
+		if s.transport != nil {
+			s.transport.CloseIdleConnections()
+		}
 	}
 	return nil
 }

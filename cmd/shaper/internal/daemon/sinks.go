@@ -22,7 +22,8 @@ var sinkKinds = map[string]func(d *Daemon, sc config.Sink, maxInFlight int) (dra
 	config.SinkHTTP: func(d *Daemon, sc config.Sink, maxInFlight int) (drain.Sink, error) {
 		s, err := sinks.NewHTTP(sinks.HTTPConfig{URL: sc.URL, Method: sc.Method, Headers: sc.Headers,
 			SuccessStatus: sc.SuccessStatus, RetryableStatus: sc.RetryableStatus,
-			Signing: sinks.SigningConfig{Scheme: sc.Signing.Scheme, Secrets: sc.Signing.Secrets}},
+			Signing: sinks.SigningConfig{Scheme: sc.Signing.Scheme, Secrets: sc.Signing.Secrets},
+			Auth:    sc.Auth.HTTPAuth(), TLS: sc.TLS.HTTPTLS()},
 			sinks.WithLogger(d.log), sinks.WithMaxIdleConnsPerHost(max(sinks.DefaultMaxIdleConnsPerHost, maxInFlight)))
 		if err != nil {
 			return nil, err

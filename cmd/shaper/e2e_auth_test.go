@@ -1,0 +1,216 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shaper-dev/shaper/shaper/shapertest"
+)
+
+// e2eTokenServer is an OAuth2 token endpoint (client credentials) issuing
+// tokens that live lifetime, which the downstream checks against it.
+type e2eTokenServer struct {
+	srv      *httptest.Server
+	lifetime time.Duration
+	calls    atomic.Int64
+	down     atomic.Bool // answer 503
+	mu       sync.Mutex
+	issued   map[string]time.Time // token -> expiry
+}
+
+func newE2ETokenServer(t *testing.T, lifetime time.Duration, id, secret string) *e2eTokenServer {
+	t.Helper()
+	ts := &e2eTokenServer{lifetime: lifetime, issued: map[string]time.Time{}}
+	ts.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := ts.calls.Add(1)
+		if ts.down.Load() {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		if u, p, ok := r.BasicAuth(); !ok || u != id || p != secret || r.PostFormValue("grant_type") != "client_credentials" {
+			http.Error(w, `{"error":"invalid_client"}`, http.StatusUnauthorized)
+			return
+		}
+		tok := fmt.Sprintf("tok-%d", n)
+		ts.mu.Lock()
+		ts.issued[tok] = time.Now().Add(lifetime)
+		ts.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"access_token": tok, "token_type": "Bearer", "expires_in": int(lifetime / time.Second)})
+	}))
+	t.Cleanup(ts.srv.Close)
+	return ts
+}
+
+func (ts *e2eTokenServer) valid(auth string, at time.Time) bool {
+	tok, ok := strings.CutPrefix(auth, "Bearer ")
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	exp, issued := ts.issued[tok]
+	return ok && issued && at.Before(exp)
+}
+
+// TestE2EOAuth2ShortTokens: a lane at 50/s whose downstream wants OAuth2
+// tokens that live 2 s (issue 14). For 10 s every request carries a token
+// the token server issued and that has not expired when it arrives (the
+// downstream answers 401 otherwise), the token endpoint is called about
+// once per token lifetime, and the arrivals, at kernel receive timestamps,
+// keep SPEC G1's windows. Then the token endpoint is down for 3 s: the
+// attempts that find no token are retried, every key is delivered, and the
+// windows still hold.
+func TestE2EOAuth2ShortTokens(t *testing.T) {
+	const (
+		id, secret = "shaper-e2e", "e2e-secret-not-in-logs"
+		limit      = 50
+	)
+	t.Setenv("E2E_PSP_SECRET", secret)
+	ts := newE2ETokenServer(t, 2*time.Second, id, secret)
+
+	var mu sync.Mutex
+	var arrivals []time.Time // accepted requests, kernel receive time
+	delivered := map[string]int{}
+	refused := 0
+	down := newStampedServer(t, func(w http.ResponseWriter, r *http.Request, at time.Time) {
+		ok := ts.valid(r.Header.Get("Authorization"), time.Now())
+		mu.Lock()
+		defer mu.Unlock()
+		if !ok {
+			refused++
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		arrivals = append(arrivals, at)
+		delivered[r.Header.Get("Idempotency-Key")]++
+		w.WriteHeader(http.StatusNoContent)
+	})
+	cfg := fmt.Sprintf(`
+nats: { url: "", embedded: { listen: 127.0.0.1:0, store_dir: %q } }
+admin: { listen: 127.0.0.1:0 }
+shutdown: { drain_timeout: 5s }
+downstreams:
+  psp:
+    source: { stream: E2E_OAUTH, subjects: [e2e.psp.>], ack_wait: 60s, max_deliver: 20 }
+    rate: { limit: %d/s }
+    task: { timeout: 1s, max_in_flight: 8, retry: { backoff: [250ms] } }
+    sink:
+      kind: http
+      url: %q
+      auth: { kind: oauth2, token_url: %q, client_id: %s, client_secret: "${E2E_PSP_SECRET}", scopes: [callbacks] }
+`, filepath.Join(t.TempDir(), "nats"), limit, down.URL+"/callback", ts.srv.URL+"/token", id)
+	d := startDaemon(t, cfg)
+	waitReady(t, d.AdminAddr(), 10*time.Second)
+	js := connectJS(t, d.NATSURL())
+
+	waitKeys := func(keys []string, timeout time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(timeout)
+		for {
+			mu.Lock()
+			missing := 0
+			for _, k := range keys {
+				if delivered[k] == 0 {
+					missing++
+				}
+			}
+			mu.Unlock()
+			if missing == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d keys not delivered after %v", missing, len(keys), timeout)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	windows := func(what string, ts []time.Time) {
+		t.Helper()
+		for _, w := range []time.Duration{100 * time.Millisecond, time.Second} {
+			assertRate(t, what+fmt.Sprintf(" %v windows", w), ts, w, shapertest.BoundWhole(w, limit, 0))
+		}
+		n1, _ := maxInWindow(ts, time.Second)
+		n100, _ := maxInWindow(ts, 100*time.Millisecond)
+		t.Logf("%s: %d arrivals over %v, most %d in 1 s and %d in 100 ms; gaps %s", what, len(ts),
+			ts[len(ts)-1].Sub(ts[0]).Round(time.Millisecond), n1, n100, gapSummary(ts))
+	}
+
+	// 10 s at 50/s with tokens of 2 s.
+	calls0 := ts.calls.Load()
+	keys := publishBurst(t, js, "e2e.psp.job", 10*limit)
+	waitKeys(keys, 30*time.Second)
+	calls := ts.calls.Load() - calls0
+	mu.Lock()
+	phase1 := slices.Clone(arrivals)
+	refused1 := refused
+	mu.Unlock()
+	slices.SortFunc(phase1, time.Time.Compare)
+	if refused1 != 0 {
+		t.Errorf("the downstream refused %d requests: their tokens were not valid", refused1)
+	}
+	if calls < 4 || calls > 9 {
+		t.Errorf("token endpoint called %d times for %d requests over 10 s with tokens of 2 s; want about 6", calls, len(keys))
+	}
+	windows("tokens of 2 s", phase1)
+	t.Logf("token requests during the 10 s: %d (plus %d before)", calls, calls0)
+
+	// The token endpoint down for 3 s, a second into 5 s of work.
+	more := make([]string, 0, 5*limit)
+	for i := range 5 * limit {
+		more = append(more, msgKey(10*limit+i))
+	}
+	go func() {
+		time.Sleep(time.Second)
+		ts.down.Store(true)
+		time.Sleep(3 * time.Second)
+		ts.down.Store(false)
+	}()
+	publishKeys(t, js, "e2e.psp.job", more)
+	waitKeys(more, 40*time.Second)
+	mu.Lock()
+	phase2 := slices.Clone(arrivals[len(phase1):])
+	refused2 := refused
+	mu.Unlock()
+	slices.SortFunc(phase2, time.Time.Compare)
+	windows("token endpoint down for 3 s", phase2)
+	retries := metricValue(t, scrape(t, d.AdminAddr()), "shaper_deliveries_total", map[string]string{"lane": "psp", "outcome": "retry"})
+	if retries == 0 {
+		t.Errorf("no attempt was retried while the token endpoint was down: the outage did not bite")
+	}
+	if refused2 != 0 {
+		t.Errorf("the downstream refused %d requests during the outage: a token past its expiry was sent", refused2)
+	}
+	t.Logf("outage: %v retries, %d refused by the downstream, %d token requests in all", retries, refused2, ts.calls.Load())
+	d.stop(5 * time.Second)
+	if strings.Contains(d.logs.String(), secret) {
+		t.Errorf("the daemon's logs show the client secret")
+	}
+}
+
+// publishKeys publishes one job per key (its Nats-Msg-Id) and waits for
+// the publish acks.
+func publishKeys(t *testing.T, js jetstream.JetStream, subject string, keys []string) {
+	t.Helper()
+	for i, k := range keys {
+		msg := &nats.Msg{Subject: subject, Header: nats.Header{}, Data: fmt.Appendf(nil, `{"key":%q}`, k)}
+		msg.Header.Set(jetstream.MsgIDHeader, k)
+		if _, err := js.PublishMsgAsync(msg); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(10 * time.Second):
+		t.Fatal("publish acks: timed out")
+	}
+}
