@@ -19,7 +19,7 @@ import (
 
 // Tests of the global schedule seam (global.go) on the fake clock, with a
 // GlobalSchedule the test controls. The Redis implementation is tested
-// against a real redis-server in sources.
+// against a real redis-server in redisslots.
 
 // fakeSchedule is a shared GCRA (slack 0) in memory: each Reserve takes the
 // next slot, and share-1 slots after it go to other (imaginary) replicas.
