@@ -2,8 +2,8 @@ package main
 
 // The harness of the chaos suite (chaos_test.go, issue 4): a NATS server in
 // a process of its own that a test can stop and start again on the same
-// port and store, the shaper binary as a child process (so that signals are
-// real), a downstream that records every request, and the ledger that
+// port and store (testserver.NATSProcess), the shaper binary as a child
+// process (so that signals are real), a downstream that records every request, and the ledger that
 // accounts for every published message at the end.
 //
 // It reuses the end-to-end helpers of e2e_helpers_test.go: buildShaper,
@@ -15,15 +15,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
-	"os/signal"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -39,162 +34,8 @@ import (
 
 	"github.com/shaper-dev/shaper/cmd/shaper/internal/daemon"
 	"github.com/shaper-dev/shaper/drain"
-	"github.com/shaper-dev/shaper/sources"
+	"github.com/shaper-dev/shaper/internal/testserver"
 )
-
-// ---------------------------------------------------------------------------
-// The NATS server process.
-//
-// The server is this test binary run again with SHAPER_CHAOS_NATS_SERVER=1:
-// init below sees the variable before the testing framework (and TestMain)
-// starts, runs a NATS server with JetStream on SHAPER_CHAOS_NATS_LISTEN,
-// storing in SHAPER_CHAOS_NATS_STORE, and exits when it gets SIGTERM or
-// SIGINT (a graceful shutdown that writes the consumer state) or when its
-// stdin closes (the test process went away: no orphan outlives a run). A
-// SIGKILL kills it like a crash. Being an init function, it needs no edit of
-// the package's TestMain in e2e_test.go.
-
-const (
-	envNATSServer = "SHAPER_CHAOS_NATS_SERVER"
-	envNATSListen = "SHAPER_CHAOS_NATS_LISTEN"
-	envNATSStore  = "SHAPER_CHAOS_NATS_STORE"
-)
-
-func init() {
-	if os.Getenv(envNATSServer) == "1" {
-		os.Exit(natsServerMain(os.Getenv(envNATSListen), os.Getenv(envNATSStore)))
-	}
-}
-
-// natsServerMain runs the NATS server of a chaos test until a signal or the
-// end of stdin, and returns the exit code.
-func natsServerMain(listen, store string) int {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	ns, err := sources.StartEmbedded(listen, store)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "chaos nats server:", err)
-		return 1
-	}
-	fmt.Fprintln(os.Stderr, "chaos nats server ready on", ns.ClientURL(), "store", store)
-	stdinClosed := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		close(stdinClosed)
-	}()
-	select {
-	case s := <-sigs:
-		fmt.Fprintln(os.Stderr, "chaos nats server: shutting down on", s)
-	case <-stdinClosed:
-		fmt.Fprintln(os.Stderr, "chaos nats server: stdin closed, shutting down")
-	}
-	ns.Shutdown()
-	ns.WaitForShutdown()
-	return 0
-}
-
-// natsServer is the NATS server process of one chaos test.
-type natsServer struct {
-	t      *testing.T
-	listen string // 127.0.0.1:port, the same across restarts
-	store  string // JetStream store, the same across restarts
-	logDir string
-
-	cmd   *exec.Cmd
-	stdin io.Closer
-	done  chan struct{}
-	runs  int
-}
-
-// startNATSServer starts a NATS server process on a free port with a fresh
-// store; a cleanup stops it.
-func startNATSServer(t *testing.T) *natsServer {
-	t.Helper()
-	s := &natsServer{t: t, listen: freeAddr(t), store: filepath.Join(t.TempDir(), "nats"), logDir: t.TempDir()}
-	s.start()
-	t.Cleanup(func() {
-		s.stop(syscall.SIGTERM)
-		if t.Failed() {
-			for i := 1; i <= s.runs; i++ {
-				b, _ := os.ReadFile(filepath.Join(s.logDir, fmt.Sprintf("run%d.log", i)))
-				t.Logf("nats server run %d output:\n%s", i, b)
-			}
-		}
-	})
-	return s
-}
-
-func (s *natsServer) url() string { return "nats://" + s.listen }
-
-// start starts the server process and waits until it accepts connections.
-func (s *natsServer) start() {
-	s.t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	s.runs++
-	logf, err := os.Create(filepath.Join(s.logDir, fmt.Sprintf("run%d.log", s.runs)))
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), envNATSServer+"=1", envNATSListen+"="+s.listen, envNATSStore+"="+s.store)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		s.t.Fatal(err)
-	}
-	s.cmd, s.stdin, s.done = cmd, stdin, make(chan struct{})
-	done := s.done
-	go func() {
-		_ = cmd.Wait()
-		close(done)
-	}()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", s.listen, 200*time.Millisecond)
-		if err == nil {
-			_ = c.Close()
-			return
-		}
-		select {
-		case <-done:
-			b, _ := os.ReadFile(logf.Name())
-			s.t.Fatalf("nats server process exited at start: %s", b)
-		default:
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("nats server on %s not accepting connections after 20s: %v", s.listen, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// stop stops the server process with sig (SIGTERM: graceful; SIGKILL: a
-// crash) and waits until it exited. It does nothing when it is not running.
-func (s *natsServer) stop(sig syscall.Signal) {
-	if s.cmd == nil {
-		return
-	}
-	select {
-	case <-s.done:
-	default:
-		_ = s.cmd.Process.Signal(sig)
-		select {
-		case <-s.done:
-		case <-time.After(15 * time.Second):
-			_ = s.cmd.Process.Kill()
-			<-s.done
-		}
-	}
-	_ = s.stdin.Close()
-	s.cmd = nil
-}
 
 // connectChaos connects the test's own client to url, reconnecting forever
 // (the server may restart); a cleanup closes the connection.
@@ -380,7 +221,7 @@ type chaosRig struct {
 	t       *testing.T
 	bin     string
 	lane    chaosLane
-	nats    *natsServer
+	nats    *testserver.NATSProcess
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	down    *chaosDownstream
@@ -396,8 +237,8 @@ type chaosRig struct {
 func newChaosRig(t *testing.T, lane chaosLane, down *chaosDownstream) *chaosRig {
 	t.Helper()
 	r := &chaosRig{t: t, bin: buildShaper(t), lane: lane, down: down, began: time.Now()}
-	r.nats = startNATSServer(t)
-	r.nc, r.js = connectChaos(t, r.nats.url())
+	r.nats = testserver.StartNATSProcess(t)
+	r.nc, r.js = connectChaos(t, r.nats.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := r.js.CreateStream(ctx, jetstream.StreamConfig{Name: chaosStream, Subjects: []string{"chaos.jobs.>"},
@@ -405,7 +246,7 @@ func newChaosRig(t *testing.T, lane chaosLane, down *chaosDownstream) *chaosRig 
 		t.Fatalf("create stream: %v", err)
 	}
 	r.admin = freeAddr(t)
-	r.cfgPath = writeFile(t, "config.yaml", chaosConfig(r.nats.url(), r.admin, down.url(), lane))
+	r.cfgPath = writeFile(t, "config.yaml", chaosConfig(r.nats.URL(), r.admin, down.url(), lane))
 	return r
 }
 

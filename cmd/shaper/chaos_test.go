@@ -228,14 +228,14 @@ func TestChaosNATSServerRestart(t *testing.T) {
 		t.Fatalf("only %d delivered before the server stopped", down.delivered())
 	}
 	stopped := time.Now()
-	r.nats.stop(syscall.SIGTERM)
+	r.nats.Stop(syscall.SIGTERM)
 	if c, ok := rd.awaitChange(stopped, false, 3*time.Second); !ok {
 		t.Errorf("/readyz still 200 3s after the NATS server stopped")
 	} else {
 		t.Logf("/readyz not ready %s after the stop: %q", c.at.Sub(stopped).Round(time.Millisecond), c.body)
 	}
 	time.Sleep(3*time.Second - time.Since(stopped))
-	r.nats.start()
+	r.nats.Start()
 	restarted := time.Now()
 	if c, ok := rd.awaitChange(restarted, true, 15*time.Second); !ok {
 		t.Errorf("/readyz not 200 within 15s of the NATS server's restart")
