@@ -5,7 +5,7 @@ package main
 // of production. Each test runs its own NATS server as a separate process
 // (restartable on the same port and store), shaper as a child process built
 // from ./cmd/shaper, and an HTTP downstream recording every request; it ends
-// with the ledger (chaos_helpers_test.go): every published message delivered
+// with the ledger (chaos_ledger_test.go): every published message delivered
 // or dead-lettered with a reason, none missing, duplicates only where the
 // fault makes them unavoidable and with the message's own Idempotency-Key,
 // and G1 in every 1 s window. The suite publishes 7,950 messages in all.
