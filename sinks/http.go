@@ -200,6 +200,27 @@ func NewHTTP(cfg HTTPConfig, opts ...Option) (*HTTP, error) {
 		logger:  o.logger,
 		now:     o.now,
 	}
+	if errs := s.configure(cfg); len(errs) > 0 {
+		return nil, fmt.Errorf("sinks: http: %w", errors.Join(errs...))
+	}
+
+	if cfg.Client != nil {
+		s.client = cfg.Client
+		return s, nil
+	}
+	s.transport = newTransport(o.maxIdle)
+	s.client = &http.Client{
+		Transport: s.transport,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}
+	return s, nil
+}
+
+// configure checks cfg and fills s's method, headers, host and status sets
+// from it; it returns every problem found.
+func (s *HTTP) configure(cfg HTTPConfig) []error {
 	var errs []error
 	if u, err := url.Parse(cfg.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		errs = append(errs, errors.New("url: must be an absolute http or https URL"))
@@ -247,23 +268,21 @@ func NewHTTP(cfg HTTPConfig, opts ...Option) (*HTTP, error) {
 		}
 		s.retryable.add(code)
 	}
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("sinks: http: %w", errors.Join(errs...))
-	}
+	return errs
+}
 
-	if cfg.Client != nil {
-		s.client = cfg.Client
-		return s, nil
-	}
-	s.transport = &http.Transport{
+// newTransport is the HTTP sink's own transport: maxIdle idle connections
+// per host, wire reports from its connections (wireDialer).
+func newTransport(maxIdle int) *http.Transport {
+	return &http.Transport{
 		Proxy: http.ProxyFromEnvironment,
 		DialContext: wireDialer(&net.Dialer{
 			Timeout:   30 * time.Second,
 			KeepAlive: 30 * time.Second,
 		}),
 		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          o.maxIdle,
-		MaxIdleConnsPerHost:   o.maxIdle,
+		MaxIdleConns:          maxIdle,
+		MaxIdleConnsPerHost:   maxIdle,
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
@@ -272,13 +291,6 @@ func NewHTTP(cfg HTTPConfig, opts ...Option) (*HTTP, error) {
 		// (issue 12); only a short snippet of an error body is read.
 		DisableCompression: true,
 	}
-	s.client = &http.Client{
-		Transport: s.transport,
-		CheckRedirect: func(*http.Request, []*http.Request) error {
-			return http.ErrUseLastResponse
-		},
-	}
-	return s, nil
 }
 
 // wireConn reports, once per request, when a Write of the connection
