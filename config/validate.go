@@ -343,12 +343,25 @@ func badHostPort(s string) string {
 	return ""
 }
 
+// lane checks one lane, section by section: source, bucket, rate, task,
+// dead letter, sink, and the ack-wait warning across them.
 func (v *validator) lane(name string, l Lane) {
 	k := func(rel string) string { return "downstreams." + name + "." + rel }
 	nameOK := laneNameRE.MatchString(name)
 	v.check(nameOK, "downstreams."+name, "lane name must match %s, got %q", laneNamePattern, name)
 
-	// source
+	v.laneSource(k, nameOK, l)
+	v.laneBucket(k, l)
+	v.laneRate(k, l)
+	v.laneTask(k, l)
+	v.laneDeadLetter(k, nameOK, l)
+	v.sink(name, l)
+	v.ackWaitWarning(name, l)
+}
+
+// laneSource checks a lane's source keys; k makes a lane key path, nameOK
+// says the lane's name is valid (the consumer's default derives from it).
+func (v *validator) laneSource(k func(string) string, nameOK bool, l Lane) {
 	if l.Source.Stream == "" {
 		v.check(false, k("source.stream"), "required (a JetStream stream name, e.g. CALLBACKS)")
 	} else if why := badName(l.Source.Stream); why != "" {
@@ -396,8 +409,10 @@ func (v *validator) lane(name string, l Lane) {
 	v.retention(k, l)
 	v.check(l.Source.MaxMessageBytes >= 0, k("source.max_message_bytes"),
 		"must be ≥ 0 (0 = no limit), got %d", l.Source.MaxMessageBytes)
+}
 
-	// bucket
+// laneBucket checks a lane's bucket keys.
+func (v *validator) laneBucket(k func(string) string, l Lane) {
 	v.check(l.Bucket.Capacity >= 1, k("bucket.capacity"), "must be ≥ 1, got %d", l.Bucket.Capacity)
 	overflowOK := l.Bucket.Overflow == OverflowBlock || l.Bucket.Overflow == OverflowReject
 	v.check(overflowOK, k("bucket.overflow"), "must be block or reject, got %q", l.Bucket.Overflow)
@@ -407,8 +422,10 @@ func (v *validator) lane(name string, l Lane) {
 			"only applies with bucket.overflow reject (overflow is %q), got %s", l.Bucket.Overflow, l.Bucket.MaxWait)
 	}
 	v.check(l.Bucket.MaxAge >= 0, k("bucket.max_age"), "must be ≥ 0 (0 = no limit), got %s", l.Bucket.MaxAge)
+}
 
-	// rate
+// laneRate checks a lane's rate keys.
+func (v *validator) laneRate(k func(string) string, l Lane) {
 	limit := float64(l.Rate.Limit)
 	switch {
 	case limit == 0:
@@ -443,8 +460,10 @@ func (v *validator) lane(name string, l Lane) {
 	if l.Rate.Global && !v.p.skip("redis.addr") {
 		v.check(v.c.Redis.Addr != "", k("rate.global"), "true requires redis.addr (global rates are shared through Redis)")
 	}
+}
 
-	// task
+// laneTask checks a lane's task keys.
+func (v *validator) laneTask(k func(string) string, l Lane) {
 	v.check(l.Task.Timeout > 0, k("task.timeout"), "must be > 0, got %s", l.Task.Timeout)
 	v.check(l.Task.MaxInFlight >= 1, k("task.max_in_flight"), "must be ≥ 1, got %d", l.Task.MaxInFlight)
 	v.check(len(l.Task.Retry.Backoff) > 0, k("task.retry.backoff"), "at least one delay is required")
@@ -453,16 +472,16 @@ func (v *validator) lane(name string, l Lane) {
 	}
 	v.check(l.Task.Retry.MaxDelay > 0, k("task.retry.max_delay"), "must be > 0, got %s", l.Task.Retry.MaxDelay)
 	v.breaker(k, l.Task.Breaker)
+}
 
-	// dead letter
+// laneDeadLetter checks a lane's dead-letter subject (derived from a valid
+// lane name when not set).
+func (v *validator) laneDeadLetter(k func(string) string, nameOK bool, l Lane) {
 	if nameOK {
 		if why := badPublishSubject(l.DeadLetter.Subject); why != "" {
 			v.check(false, k("dead_letter.subject"), "%q is not a valid subject: %s", l.DeadLetter.Subject, why)
 		}
 	}
-
-	v.sink(name, l)
-	v.ackWaitWarning(name, l)
 }
 
 // breaker checks task.breaker (SPEC §3 Breaker); k makes a lane key path.
