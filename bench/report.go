@@ -11,6 +11,10 @@ import (
 )
 
 // Markdown renders the report: docs/BENCHMARKS.md.
+//
+// It is long on purpose: it writes the document's sections in the order the
+// reader sees them, each a table of the measured figures; split, the order of
+// the document would be spread over many functions.
 func (r *Results) Markdown() string {
 	var b strings.Builder
 	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
@@ -237,6 +241,9 @@ func (r *Results) Markdown() string {
 
 // headlines are computed from the numbers, so they stay true when the code
 // under test changes.
+//
+// One headline per measurement, in the document's order, each a few lines:
+// longer than 80 lines on purpose, like Markdown.
 func (r *Results) headlines() []string {
 	var hs []string
 	p := r.plan

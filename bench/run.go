@@ -127,6 +127,9 @@ func (t thrRow) spread() (lo, hi float64) {
 
 // Run performs every measurement of opts, sequentially (they would disturb
 // each other on 2 cores).
+//
+// It is long on purpose: the sequence of measurements, each a few lines of
+// setup and a call, reads as the plan of the run.
 func Run(opts Options) (*Results, error) {
 	res := &Results{
 		opts: opts, plan: planFor(opts.Quick), started: time.Now(),

@@ -51,36 +51,10 @@ import (
 // returned. Error messages never contain the value of an ${ENV} reference.
 // A file that cannot be read or parsed returns a plain error.
 func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
-	var warns []Warning
 	v := viper.New()
-
-	explicit := path != ""
-	if !explicit {
-		path = DefaultPath
-	}
-	haveFile := true
-	if _, err := os.Stat(path); err != nil {
-		if !explicit && errors.Is(err, fs.ErrNotExist) {
-			haveFile = false
-			warns = append(warns, Warning{Key: "config", Message: fmt.Sprintf(
-				"%s not found: using defaults, environment and flags only", path)})
-		} else {
-			return nil, warns, fmt.Errorf("config: %w", err)
-		}
-	}
-	if haveFile {
-		v.SetConfigFile(path)
-		if ext := strings.TrimPrefix(filepath.Ext(path), "."); !slices.Contains(viper.SupportedExts, ext) {
-			v.SetConfigType("yaml")
-		}
-		if err := v.ReadInConfig(); err != nil {
-			if raw, rerr := os.ReadFile(path); rerr == nil {
-				if yerr := yamlSyntaxError(raw); yerr != nil { // the line of the problem (yamlerr.go)
-					return nil, warns, fmt.Errorf("config: %s: %w", path, yerr)
-				}
-			}
-			return nil, warns, fmt.Errorf("config: read %s: %w", path, err)
-		}
+	path, haveFile, warns, err := readFile(v, path)
+	if err != nil {
+		return nil, warns, err
 	}
 
 	p := newProblems()
@@ -95,7 +69,68 @@ func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 	fileSettings := v.AllSettings()
 	checkShape(p, "", fileSettings, reflect.TypeFor[Config]())
 
-	lanes := laneNames(p, v)
+	keys := setDefaults(v, laneNames(p, v), fileSettings)
+	origin, envWarns, err := bindEnv(v, keys, path, haveFile)
+	warns = append(warns, envWarns...)
+	if err != nil {
+		return nil, warns, err
+	}
+	flagWarns, err := bindFlags(v, flags, keys, origin)
+	warns = append(warns, flagWarns...)
+	if err != nil {
+		return nil, warns, err
+	}
+
+	c := decodeSettings(p, v.AllSettings())
+	expandSecrets(p, c)
+	fillDerived(c)
+	warns = append(warns, validate(c, p)...)
+	p.attribute(origin)
+	if err := p.err(); err != nil {
+		return nil, warns, err
+	}
+	return c, warns, nil
+}
+
+// readFile reads the config file at path (DefaultPath when empty) into v
+// and returns the path read. A missing default file is a warning, not an
+// error: then haveFile is false.
+func readFile(v *viper.Viper, path string) (_ string, haveFile bool, warns []Warning, _ error) {
+	explicit := path != ""
+	if !explicit {
+		path = DefaultPath
+	}
+	haveFile = true
+	if _, err := os.Stat(path); err != nil {
+		if !explicit && errors.Is(err, fs.ErrNotExist) {
+			haveFile = false
+			warns = append(warns, Warning{Key: "config", Message: fmt.Sprintf(
+				"%s not found: using defaults, environment and flags only", path)})
+		} else {
+			return path, haveFile, warns, fmt.Errorf("config: %w", err)
+		}
+	}
+	if haveFile {
+		v.SetConfigFile(path)
+		if ext := strings.TrimPrefix(filepath.Ext(path), "."); !slices.Contains(viper.SupportedExts, ext) {
+			v.SetConfigType("yaml")
+		}
+		if err := v.ReadInConfig(); err != nil {
+			if raw, rerr := os.ReadFile(path); rerr == nil {
+				if yerr := yamlSyntaxError(raw); yerr != nil { // the line of the problem (yamlerr.go)
+					return path, haveFile, warns, fmt.Errorf("config: %s: %w", path, yerr)
+				}
+			}
+			return path, haveFile, warns, fmt.Errorf("config: read %s: %w", path, err)
+		}
+	}
+	return path, haveFile, warns, nil
+}
+
+// setDefaults sets the defaults of the top level and of each lane in v and
+// returns every key a value can be given for: the struct's leaves, each
+// lane's, and the sink headers the file names.
+func setDefaults(v *viper.Viper, lanes []string, fileSettings map[string]any) []string {
 	keys := leafKeys("", reflect.TypeFor[Config]())
 	for k, val := range topDefaults() {
 		v.SetDefault(k, val)
@@ -112,11 +147,19 @@ func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 			keys = append(keys, prefix+"sink.headers."+h)
 		}
 	}
+	return keys
+}
+
+// bindEnv binds each key to its environment variable and returns the
+// variable each overridden key came from, with a warning for each
+// SHAPER_ variable that matches no key.
+func bindEnv(v *viper.Viper, keys []string, path string, haveFile bool) (map[string]string, []Warning, error) {
+	var warns []Warning
 	known := make(map[string]bool, len(keys))
 	origin := map[string]string{} // key → the variable or flag its value came from
 	for _, k := range keys {
 		if err := v.BindEnv(k, EnvName(k)); err != nil {
-			return nil, warns, fmt.Errorf("config: bind %s: %w", k, err)
+			return origin, warns, fmt.Errorf("config: bind %s: %w", k, err)
 		}
 		known[EnvName(k)] = true
 		if val, ok := os.LookupEnv(EnvName(k)); ok && val != "" { // viper ignores empty ones
@@ -138,36 +181,35 @@ func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 			warns = append(warns, Warning{Key: name, Message: "environment variable matches no configuration key (misspelt, or a lane that is not in the file): ignored"})
 		}
 	}
-	if flags != nil {
-		byEnv := make(map[string]string, len(keys))
-		for _, k := range keys {
-			byEnv[EnvName(k)] = k
-		}
-		var bindErr error
-		flags.Visit(func(f *pflag.Flag) {
-			k, ok := byEnv[EnvName(f.Name)]
-			switch {
-			case ok && bindErr == nil:
-				bindErr = v.BindPFlag(k, f)
-				origin[k] = "--" + f.Name
-			case !ok && strings.HasPrefix(EnvName(f.Name), EnvName("downstreams")+"_"):
-				warns = append(warns, Warning{Key: "--" + f.Name, Message: "flag matches no key of a lane in the file: ignored"})
-			}
-		})
-		if bindErr != nil {
-			return nil, warns, fmt.Errorf("config: bind flags: %w", bindErr)
-		}
-	}
+	return origin, warns, nil
+}
 
-	c := decodeSettings(p, v.AllSettings())
-	expandSecrets(p, c)
-	fillDerived(c)
-	warns = append(warns, validate(c, p)...)
-	p.attribute(origin)
-	if err := p.err(); err != nil {
-		return nil, warns, err
+// bindFlags binds the flags set on the command line to their keys, records
+// them in origin, and warns of a lane flag that matches no key.
+func bindFlags(v *viper.Viper, flags *pflag.FlagSet, keys []string, origin map[string]string) ([]Warning, error) {
+	if flags == nil {
+		return nil, nil
 	}
-	return c, warns, nil
+	var warns []Warning
+	byEnv := make(map[string]string, len(keys))
+	for _, k := range keys {
+		byEnv[EnvName(k)] = k
+	}
+	var bindErr error
+	flags.Visit(func(f *pflag.Flag) {
+		k, ok := byEnv[EnvName(f.Name)]
+		switch {
+		case ok && bindErr == nil:
+			bindErr = v.BindPFlag(k, f)
+			origin[k] = "--" + f.Name
+		case !ok && strings.HasPrefix(EnvName(f.Name), EnvName("downstreams")+"_"):
+			warns = append(warns, Warning{Key: "--" + f.Name, Message: "flag matches no key of a lane in the file: ignored"})
+		}
+	})
+	if bindErr != nil {
+		return warns, fmt.Errorf("config: bind flags: %w", bindErr)
+	}
+	return warns, nil
 }
 
 // EnvName returns the environment variable that overrides key:

@@ -16,6 +16,7 @@ import (
 	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/sources/sourcetest"
 )
 
 // The breaker of SPEC §3 in the worker, on the fake clock: the gate, the
@@ -68,7 +69,7 @@ func breakerLane(limit float64) config.Lane {
 func newBreakerHarness(t *testing.T, cfg config.Lane, sink *recSink) (*harness, *logRecorder) {
 	t.Helper()
 	rec := &logRecorder{}
-	h := &harness{t: t, src: newMemSource(cfg.Source.AckWait), sink: sink, dead: &recSink{}, reg: prometheus.NewRegistry()}
+	h := &harness{t: t, src: sourcetest.NewMem(cfg.Source.AckWait), sink: sink, dead: &recSink{}, reg: prometheus.NewRegistry()}
 	h.m = metrics.New(h.reg).Lane("test", float64(cfg.Rate.Limit))
 	l, err := New("test", cfg, h.src, sink, WithWaiter(TimerWaiter{}), WithMetrics(h.m), WithDeadLetter(h.dead),
 		WithLogger(slog.New(rec)))
@@ -96,7 +97,7 @@ func TestLaneBreakerOpensProbesCloses(t *testing.T) {
 			return time.Millisecond, nil
 		}}
 		h, logs := newBreakerHarness(t, breakerLane(100), sink)
-		h.src.publish(300)
+		h.src.Publish(300)
 		h.lane.Start()
 		time.Sleep(3 * time.Second)
 		if open, held := h.lane.BreakerOpen(); !open || held {
@@ -158,8 +159,8 @@ func TestLaneBreakerOpensProbesCloses(t *testing.T) {
 		if n := testutil.ToFloat64(h.m.Retries[shaper.OutcomeError]); int(n) != len(failed) {
 			t.Errorf("%v retries, want %d (one per failed call, nothing else nak'd)", n, len(failed))
 		}
-		if h.src.redeliver != 0 {
-			t.Errorf("%d redeliveries by ack wait, want 0 (in-progress acks while open)", h.src.redeliver)
+		if h.src.Redelivered() != 0 {
+			t.Errorf("%d redeliveries by ack wait, want 0 (in-progress acks while open)", h.src.Redelivered())
 		}
 		if g := testutil.ToFloat64(h.m.BreakerOpen); g != 0 {
 			t.Errorf("shaper_breaker_open %v after the close, want 0", g)
@@ -191,7 +192,7 @@ func TestLaneBreakerOneProbeInFlight(t *testing.T) {
 		cfg.Task.MaxInFlight = 8
 		cfg.Source.MaxDeliver = -1
 		h, _ := newBreakerHarness(t, cfg, sink)
-		h.src.publish(50)
+		h.src.Publish(50)
 		h.lane.Start()
 		time.Sleep(20 * time.Second)
 		synctest.Wait()
@@ -234,7 +235,7 @@ func TestLaneBreakerGoneHoldsUntilReset(t *testing.T) {
 			return time.Millisecond, nil
 		}}
 		h, logs := newBreakerHarness(t, breakerLane(50), sink)
-		h.src.publish(100)
+		h.src.Publish(100)
 		h.lane.Start()
 		time.Sleep(30 * time.Second)
 		if n := len(sink.snapshot()); n != 1 {
@@ -305,7 +306,7 @@ func TestLaneBreakerReload(t *testing.T) {
 		cfg.Source.MaxDeliver = -1
 		cfg.Task.Breaker.FailureRatio = 0 // off at start
 		h, _ := newBreakerHarness(t, cfg, sink)
-		h.src.publish(100)
+		h.src.Publish(100)
 		h.lane.Start()
 		time.Sleep(2 * time.Second)
 		if open, _ := h.lane.BreakerOpen(); open {
@@ -358,17 +359,17 @@ func TestLaneBreakerProbesPreciseWaiter(t *testing.T) {
 	cfg := breakerLane(100)
 	cfg.Rate.Warmup = config.Warmup{ColdFactor: 1}
 	cfg.Task.Breaker.ProbeEvery = 150 * time.Millisecond
-	h := &harness{t: t, src: newMemSource(cfg.Source.AckWait), sink: sink, dead: &recSink{}, reg: prometheus.NewRegistry()}
+	h := &harness{t: t, src: sourcetest.NewMem(cfg.Source.AckWait), sink: sink, dead: &recSink{}, reg: prometheus.NewRegistry()}
 	h.m = metrics.New(h.reg).Lane("test", 100)
 	l, err := New("test", cfg, h.src, sink, WithWaiter(NewPreciseWaiter()), WithMetrics(h.m), WithDeadLetter(h.dead))
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.lane = l
-	h.src.publish(100)
+	h.src.Publish(100)
 	l.Start()
 	deadline := time.Now().Add(5 * time.Second)
-	for h.src.count("acked") < 100 && time.Now().Before(deadline) {
+	for h.src.Count("acked") < 100 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	h.stop(time.Second)
@@ -381,7 +382,7 @@ func TestLaneBreakerProbesPreciseWaiter(t *testing.T) {
 	if probes < 6 {
 		t.Errorf("%d probes while down, want about %d", probes, int(down/cfg.Task.Breaker.ProbeEvery)-1)
 	}
-	if n := h.src.count("acked"); n != 100 {
+	if n := h.src.Count("acked"); n != 100 {
 		t.Errorf("%d acked, want 100: the breaker never closed", n)
 	}
 }

@@ -26,7 +26,7 @@ func TestLaneOperatorHold(t *testing.T) {
 		start := time.Now()
 		sink := &recSink{}
 		h := newHarness(t, laneConfig(10), sink)
-		h.src.publish(200)
+		h.src.Publish(200)
 		h.lane.Start()
 		time.Sleep(2 * time.Second)
 		h.lane.Hold(Hold{Until: start.Add(5 * time.Second), Reason: "maintenance"})
@@ -88,7 +88,7 @@ func TestLanePurge(t *testing.T) {
 		sink := &recSink{}
 		h := newHarness(t, cfg, sink)
 		h.lane.Hold(Hold{Reason: "before purge"})
-		h.src.publish(50)
+		h.src.Publish(50)
 		h.lane.Start()
 		time.Sleep(time.Second)
 		if d := h.lane.Status(time.Now()).Depth; d != 20 {
@@ -115,7 +115,7 @@ func TestLanePurge(t *testing.T) {
 		if purged != 30 || len(sink.snapshot()) != 20 {
 			t.Errorf("%d purged and %d delivered, want 30 and 20", purged, len(sink.snapshot()))
 		}
-		if n := h.src.count("acked") + h.src.count("termed"); n != 50 {
+		if n := h.src.Count("acked") + h.src.Count("termed"); n != 50 {
 			t.Errorf("%d of 50 settled", n)
 		}
 		for _, c := range sink.snapshot() {
@@ -154,7 +154,7 @@ func TestLaneOperatorHoldCoolsAndLogsItsEnd(t *testing.T) {
 		var logs bytes.Buffer
 		h := newHarness(t, cfg, sink)
 		h.lane.log = slog.New(slog.NewTextHandler(&logs, nil)).With("lane", "test")
-		h.src.publish(2000)
+		h.src.Publish(2000)
 		h.lane.Start()
 		time.Sleep(4 * time.Second) // warm: 100/s
 		resumeAt := time.Now().Add(5 * time.Second)
@@ -192,7 +192,7 @@ func TestLaneRetryAfterPauseEndIsLogged(t *testing.T) {
 		var logs bytes.Buffer
 		h := newHarness(t, laneConfig(10), sink)
 		h.lane.log = slog.New(slog.NewTextHandler(&logs, nil)).With("lane", "test")
-		h.src.publish(30)
+		h.src.Publish(30)
 		h.lane.Start()
 		time.Sleep(4 * time.Second)
 		synctest.Wait()

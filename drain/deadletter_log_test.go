@@ -49,7 +49,7 @@ func TestDeadLetterLogIsRateLimited(t *testing.T) {
 		h := newHarness(t, cfg, sink)
 		logs := &lockedBuffer{}
 		h.lane.log = slog.New(slog.NewTextHandler(logs, nil))
-		h.src.publish(n)
+		h.src.Publish(n)
 		h.lane.Start()
 		time.Sleep(n/50*time.Second + time.Second)
 		synctest.Wait()

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/sources/sourcetest"
 )
 
 // memDedup is an in-memory Dedup for tests on the fake clock (the JetStream
@@ -22,7 +23,7 @@ type memDedup struct {
 	keys                 map[string]bool
 	failSeen, failRecord bool
 	seen, records        int
-	src                  *memSource
+	src                  *sourcetest.Mem
 	ackedAtRecord        int
 }
 
@@ -41,7 +42,7 @@ func (d *memDedup) Record(_ context.Context, key string) error {
 	defer d.mu.Unlock()
 	d.records++
 	if d.src != nil {
-		d.src.ackedAtRecord(key, &d.ackedAtRecord)
+		ackedAtRecord(d.src, key, &d.ackedAtRecord)
 	}
 	if d.failRecord {
 		return errors.New("dedup store unreachable")
@@ -52,11 +53,9 @@ func (d *memDedup) Record(_ context.Context, key string) error {
 
 // ackedAtRecord counts into n whether the message of key (MEM:<seq>) is
 // already acked.
-func (s *memSource) ackedAtRecord(key string, n *int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, m := range s.all {
-		if (&shaper.Message{Stream: "MEM", StreamSeq: uint64(m.id + 1)}).Key() == key && m.state == "acked" {
+func ackedAtRecord(s *sourcetest.Mem, key string, n *int) {
+	for _, m := range s.Messages() {
+		if (&shaper.Message{Stream: sourcetest.MemStream, StreamSeq: uint64(m.ID + 1)}).Key() == key && m.State == sourcetest.Acked {
 			*n++
 		}
 	}
@@ -84,7 +83,7 @@ func TestLaneDedupSkipsDelivered(t *testing.T) {
 		sink := &recSink{}
 		d := &memDedup{keys: map[string]bool{"MEM:1": true, "MEM:4": true, "MEM:5": true, "MEM:10": true}}
 		h := newDedupHarness(t, sink, d)
-		h.src.publish(10)
+		h.src.Publish(10)
 		h.lane.Start()
 		time.Sleep(3 * time.Second)
 		synctest.Wait()
@@ -99,7 +98,7 @@ func TestLaneDedupSkipsDelivered(t *testing.T) {
 				t.Errorf("%s was sent, but its key was already delivered", c.id)
 			}
 		}
-		if n := h.src.count("acked"); n != 10 {
+		if n := h.src.Count(sourcetest.Acked); n != 10 {
 			t.Errorf("%d acked, want 10 (skipped duplicates are acked)", n)
 		}
 		if got := testutil.ToFloat64(h.m.Deliveries[shaper.OutcomeDuplicateSkipped]); got != 4 {
@@ -129,7 +128,7 @@ func TestLaneDedupUnreachable(t *testing.T) {
 				sink := &recSink{}
 				d := &memDedup{keys: map[string]bool{}, failSeen: tc.seen, failRecord: tc.recd}
 				h := newDedupHarness(t, sink, d)
-				h.src.publish(5)
+				h.src.Publish(5)
 				h.lane.Start()
 				time.Sleep(2 * time.Second)
 				synctest.Wait()
@@ -137,7 +136,7 @@ func TestLaneDedupUnreachable(t *testing.T) {
 				if n := len(sink.snapshot()); n != 5 {
 					t.Errorf("%d delivered, want 5", n)
 				}
-				if n := h.src.count("acked"); n != 5 {
+				if n := h.src.Count(sourcetest.Acked); n != 5 {
 					t.Errorf("%d acked, want 5", n)
 				}
 				if n := len(h.dead.snapshot()); n != 0 {

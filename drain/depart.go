@@ -38,49 +38,11 @@ func (l *Lane) departLoop() {
 			l.slots.release()
 			return
 		}
-		ready := time.Now()
-		now := ready
-		scheduled := now // the instant the departure was due (lateness metric)
 		// 3. The pacer's time. A pause (Retry-After) wakes the wait.
-		for {
-			// While the breaker is open only its probe leaves (breaker.go).
-			if waited, ok := l.awaitBreaker(ctx); !ok {
-				l.slots.release()
-				return
-			} else if waited {
-				ready = time.Now()
-				now, scheduled = ready, ready
-			}
-			l.mu.Lock()
-			at := l.pacer.Next(now)
-			if until, held := l.holdUntil(now); held && until.After(at) {
-				at = until // an operator's pause (control.go)
-			}
-			if l.unwired != nil {
-				if rate := l.pacer.Rate(now); rate > 0 {
-					bound := max(maxWireWait, shaper.Limit(rate).Interval())
-					if w := l.departedAt.Add(bound); w.After(at) {
-						at = w
-					}
-				}
-			}
-			l.mu.Unlock()
-			if !at.After(now) && l.global != nil {
-				var ok bool // the shared schedule's slot (global.go)
-				if at, ok = l.globalAt(ctx, now); !ok {
-					l.slots.release()
-					return
-				}
-			}
-			if !at.After(now) {
-				break
-			}
-			scheduled = at
-			if _, err := l.waiter.Wait(ctx, at, l.wake); err != nil {
-				l.slots.release()
-				return
-			}
-			now = time.Now()
+		ready, now, scheduled, ok := l.awaitDepartureTime(ctx)
+		if !ok {
+			l.slots.release()
+			return
 		}
 		// 4. Departure, of the first message that has not expired at this
 		// instant (SPEC §3 Max age: after every wait; an expired message
@@ -90,35 +52,100 @@ func (l *Lane) departLoop() {
 			l.slots.release()
 			continue
 		}
-		l.mu.Lock()
-		prev := l.lastDeparture
-		l.lastDeparture = now
-		l.pacer.Depart(ready, now)
-		l.breakerDeparts(m, now)
-		if empty {
-			l.pacer.SetBusy(now, false)
-		}
-		m.Departed = now
-		l.inflight[m] = struct{}{}
-		if l.reportsWire {
-			l.unwired, l.departedAt = m, now
-		}
-		l.mu.Unlock()
-		if l.global != nil {
-			l.global.held = time.Time{} // the slot is used
-		}
-		l.m.Departures.Inc()
-		l.m.Lateness.Observe(max(0, now.Sub(scheduled)).Seconds())
-		if !prev.IsZero() {
-			l.m.Gap.Observe(now.Sub(prev).Seconds())
-		}
-		l.m.QueueWait.Observe(now.Sub(m.Admitted).Seconds())
-		l.recent.depart(now, now.Sub(m.Admitted))
-		l.m.BucketDepth.Set(float64(l.bucket.Len()))
-		l.m.InFlight.Inc()
-		l.tasks.Add(1)
-		go l.runTask(m)
+		l.depart(m, empty, ready, now, scheduled)
 	}
+}
+
+// awaitDepartureTime waits until the next message may leave: the breaker
+// lets it (breaker.go), the pacer's time, an operator's hold (control.go),
+// the previous request's write (WireReporter) and the shared schedule's
+// slot (global.go) have come. A pause (Retry-After) wakes the wait. It
+// returns when the loop was ready to depart, the departure instant, and
+// when the departure was due (the lateness metric); false when the loop
+// must end.
+func (l *Lane) awaitDepartureTime(ctx context.Context) (ready, now, scheduled time.Time, ok bool) {
+	ready = time.Now()
+	now = ready
+	scheduled = now // the instant the departure was due (lateness metric)
+	for {
+		// While the breaker is open only its probe leaves (breaker.go).
+		if waited, ok := l.awaitBreaker(ctx); !ok {
+			return ready, now, scheduled, false
+		} else if waited {
+			ready = time.Now()
+			now, scheduled = ready, ready
+		}
+		at := l.departureAt(now)
+		if !at.After(now) && l.global != nil {
+			var ok bool // the shared schedule's slot (global.go)
+			if at, ok = l.globalAt(ctx, now); !ok {
+				return ready, now, scheduled, false
+			}
+		}
+		if !at.After(now) {
+			return ready, now, scheduled, true
+		}
+		scheduled = at
+		if _, err := l.waiter.Wait(ctx, at, l.wake); err != nil {
+			return ready, now, scheduled, false
+		}
+		now = time.Now()
+	}
+}
+
+// departureAt is when the next message may leave as seen at now: the
+// pacer's time, held by an operator's pause and by the write of the
+// previous request (at most maxWireWait or an interval).
+func (l *Lane) departureAt(now time.Time) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	at := l.pacer.Next(now)
+	if until, held := l.holdUntil(now); held && until.After(at) {
+		at = until // an operator's pause (control.go)
+	}
+	if l.unwired != nil {
+		if rate := l.pacer.Rate(now); rate > 0 {
+			bound := max(maxWireWait, shaper.Limit(rate).Interval())
+			if w := l.departedAt.Add(bound); w.After(at) {
+				at = w
+			}
+		}
+	}
+	return at
+}
+
+// depart records m's departure at now (ready: when the loop was ready;
+// scheduled: when it was due) in the pacer, the breaker and the metrics,
+// and starts its task. empty says the bucket is empty after it.
+func (l *Lane) depart(m *shaper.Message, empty bool, ready, now, scheduled time.Time) {
+	l.mu.Lock()
+	prev := l.lastDeparture
+	l.lastDeparture = now
+	l.pacer.Depart(ready, now)
+	l.breakerDeparts(m, now)
+	if empty {
+		l.pacer.SetBusy(now, false)
+	}
+	m.Departed = now
+	l.inflight[m] = struct{}{}
+	if l.reportsWire {
+		l.unwired, l.departedAt = m, now
+	}
+	l.mu.Unlock()
+	if l.global != nil {
+		l.global.held = time.Time{} // the slot is used
+	}
+	l.m.Departures.Inc()
+	l.m.Lateness.Observe(max(0, now.Sub(scheduled)).Seconds())
+	if !prev.IsZero() {
+		l.m.Gap.Observe(now.Sub(prev).Seconds())
+	}
+	l.m.QueueWait.Observe(now.Sub(m.Admitted).Seconds())
+	l.recent.depart(now, now.Sub(m.Admitted))
+	l.m.BucketDepth.Set(float64(l.bucket.Len()))
+	l.m.InFlight.Inc()
+	l.tasks.Add(1)
+	go l.runTask(m)
 }
 
 // awaitConnected waits while the source reports it is disconnected; false

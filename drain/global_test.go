@@ -15,11 +15,12 @@ import (
 
 	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/sources/sourcetest"
 )
 
 // Tests of the global schedule seam (global.go) on the fake clock, with a
 // GlobalSchedule the test controls. The Redis implementation is tested
-// against a real redis-server in sources.
+// against a real redis-server in redisslots.
 
 // fakeSchedule is a shared GCRA (slack 0) in memory: each Reserve takes the
 // next slot, and share-1 slots after it go to other (imaginary) replicas.
@@ -133,7 +134,7 @@ func (s *wireSink) Send(ctx context.Context, m *shaper.Message) error {
 func newGlobalHarness(t *testing.T, limit float64, sink Sink, g GlobalSchedule, hint int, log *slog.Logger) *harness {
 	t.Helper()
 	cfg := laneConfig(limit)
-	h := &harness{t: t, src: newMemSource(cfg.Source.AckWait), dead: &recSink{}, reg: prometheus.NewRegistry()}
+	h := &harness{t: t, src: sourcetest.NewMem(cfg.Source.AckWait), dead: &recSink{}, reg: prometheus.NewRegistry()}
 	h.m = metrics.New(h.reg).Lane("test", limit)
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -176,7 +177,7 @@ func TestGlobalLaneTakesSharedSlots(t *testing.T) {
 					sink, rec = ws, &ws.recSink
 				}
 				h := newGlobalHarness(t, 100, sink, g, 3, nil)
-				h.src.publish(60)
+				h.src.Publish(60)
 				h.lane.Start()
 				time.Sleep(3 * time.Second)
 				synctest.Wait()
@@ -218,7 +219,7 @@ func TestGlobalFallbackAndReturn(t *testing.T) {
 		logs := &logRecorder{}
 		sink := &recSink{}
 		h := newGlobalHarness(t, 90, sink, g, 3, slog.New(logs))
-		h.src.publish(1000)
+		h.src.Publish(1000)
 		start := time.Now()
 		at := func(s float64) time.Time { return start.Add(time.Duration(s * float64(time.Second))) }
 		h.lane.Start()
@@ -315,7 +316,7 @@ func TestGlobalPauseIsShared(t *testing.T) {
 				return 0, nil
 			}}
 			h := newGlobalHarness(t, 10, sink, g, 2, nil)
-			h.src.publish(5)
+			h.src.Publish(5)
 			h.lane.Start()
 			time.Sleep(4 * time.Second)
 			synctest.Wait()
@@ -335,7 +336,7 @@ func TestGlobalPauseIsShared(t *testing.T) {
 			g := &fakeSchedule{share: 1, paused: start.Add(3 * time.Second)}
 			sink := &recSink{}
 			h := newGlobalHarness(t, 10, sink, g, 2, nil)
-			h.src.publish(5)
+			h.src.Publish(5)
 			h.lane.Start()
 			time.Sleep(5 * time.Second)
 			synctest.Wait()
@@ -371,7 +372,7 @@ func TestGlobalDrainWhileWaitingForASlot(t *testing.T) {
 		g := &fakeSchedule{share: 1, paused: time.Now().Add(time.Minute)}
 		sink := &recSink{}
 		h := newGlobalHarness(t, 10, sink, g, 2, nil)
-		h.src.publish(10)
+		h.src.Publish(10)
 		h.lane.Start()
 		time.Sleep(time.Second)
 		start := time.Now()
@@ -397,7 +398,7 @@ func TestGlobalReturnEarnsNoCredit(t *testing.T) {
 		cfg := laneConfig(30)
 		cfg.Rate.Slack = 3
 		cfg.Rate.Global = true
-		h := &harness{t: t, src: newMemSource(cfg.Source.AckWait), dead: &recSink{}, reg: prometheus.NewRegistry()}
+		h := &harness{t: t, src: sourcetest.NewMem(cfg.Source.AckWait), dead: &recSink{}, reg: prometheus.NewRegistry()}
 		h.m = metrics.New(h.reg).Lane("test", 30)
 		l, err := New("test", cfg, h.src, sink, WithWaiter(TimerWaiter{}), WithMetrics(h.m),
 			WithDeadLetter(h.dead), WithGlobal(g, 3))
@@ -405,7 +406,7 @@ func TestGlobalReturnEarnsNoCredit(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.lane = l
-		h.src.publish(1000)
+		h.src.Publish(1000)
 		start := time.Now()
 		at := func(s float64) time.Time { return start.Add(time.Duration(s * float64(time.Second))) }
 		h.lane.Start()

@@ -30,7 +30,7 @@ func TestCase_C34_RunningTasksGetInProgress(t *testing.T) {
 		cfg.Task.MaxInFlight = 4
 		cfg.Bucket.Capacity = 8
 		h := newHarness(t, cfg, sink)
-		h.src.publish(8)
+		h.src.Publish(8)
 		start := time.Now()
 		h.lane.Start()
 		time.Sleep(23 * time.Second)
@@ -49,10 +49,10 @@ func TestCase_C34_RunningTasksGetInProgress(t *testing.T) {
 				t.Errorf("departure %d at %.3fs, want %.1f ± 0.05", i, got, want[i])
 			}
 		}
-		if h.src.redeliver != 0 {
-			t.Errorf("%d redeliveries by ack wait while the calls ran, want 0", h.src.redeliver)
+		if h.src.Redelivered() != 0 {
+			t.Errorf("%d redeliveries by ack wait while the calls ran, want 0", h.src.Redelivered())
 		}
-		if n := h.src.count("acked"); n != 8 {
+		if n := h.src.Count("acked"); n != 8 {
 			t.Errorf("%d acked, want 8", n)
 		}
 	})
@@ -74,7 +74,7 @@ func TestLaneMaxAgeAtDeparture(t *testing.T) {
 		cfg := laneConfig(10)
 		cfg.Bucket.MaxAge = 5 * time.Second
 		h := newHarness(t, cfg, sink)
-		h.src.publish(20)
+		h.src.Publish(20)
 		h.lane.Start()
 		time.Sleep(7 * time.Second)
 		synctest.Wait()
@@ -114,14 +114,14 @@ func TestLaneMaxAgeCountsFromPublish(t *testing.T) {
 		cfg := laneConfig(1)
 		cfg.Bucket.MaxAge = 5 * time.Second
 		h := newHarness(t, cfg, sink)
-		h.src.publishedAgo = 4 * time.Second
-		h.src.publish(10)
+		h.src.SetPublishedAgo(4 * time.Second)
+		h.src.Publish(10)
 		start := time.Now()
 		h.lane.Start()
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
-		h.src.publishedAgo = 0
-		h.src.publish(3) // fresh: delivered at once, at the rate
+		h.src.SetPublishedAgo(0)
+		h.src.Publish(3) // fresh: delivered at once, at the rate
 		time.Sleep(5 * time.Second)
 		synctest.Wait()
 		h.stop(time.Second)
@@ -159,11 +159,11 @@ func TestLaneInvalidReleasesItsSlot(t *testing.T) {
 		cfg.Bucket.Capacity = 2
 		cfg.Source.MaxMessageBytes = 6 // "msg-N" is 5 bytes; "msg-NN" 6
 		h := newHarness(t, cfg, sink)
-		h.src.publish(10)
-		for _, m := range h.src.all {
-			m.data = append(m.data, []byte("-too-long")...)
+		h.src.Publish(10)
+		for _, m := range h.src.Messages() {
+			h.src.SetData(m.ID, append(m.Data, []byte("-too-long")...))
 		}
-		h.src.publish(20)
+		h.src.Publish(20)
 		h.lane.Start()
 		time.Sleep(5 * time.Second)
 		synctest.Wait()
@@ -196,11 +196,11 @@ func TestLaneMaxWaitCountsThePause(t *testing.T) {
 		cfg.Bucket.Overflow = "reject"
 		cfg.Bucket.MaxWait = 2 * time.Second
 		h := newHarness(t, cfg, sink)
-		h.src.publish(1)
+		h.src.Publish(1)
 		h.lane.Start()
 		time.Sleep(time.Second)
 		synctest.Wait()
-		h.src.publish(5) // arrive 9 s before the pause ends
+		h.src.Publish(5) // arrive 9 s before the pause ends
 		time.Sleep(time.Second)
 		synctest.Wait()
 		var maxWait int
@@ -240,8 +240,8 @@ func TestLaneMaxAgeAtTheDepartureInstant(t *testing.T) {
 		cfg := laneConfig(100)
 		cfg.Bucket.MaxAge = time.Second
 		h := newHarness(t, cfg, sink)
-		h.src.publishedAgo = 900 * time.Millisecond
-		h.src.publish(30)
+		h.src.SetPublishedAgo(900 * time.Millisecond)
+		h.src.Publish(30)
 		h.lane.Start()
 		time.Sleep(2 * time.Second)
 		synctest.Wait()

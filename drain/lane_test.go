@@ -20,6 +20,7 @@ import (
 	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/sources/sourcetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -92,7 +93,7 @@ func maxInWindow(ts []time.Time, w time.Duration) int {
 
 type harness struct {
 	t    *testing.T
-	src  *memSource
+	src  *sourcetest.Mem
 	sink *recSink
 	dead *recSink
 	reg  *prometheus.Registry
@@ -102,7 +103,7 @@ type harness struct {
 
 func newHarness(t *testing.T, cfg config.Lane, sink *recSink) *harness {
 	t.Helper()
-	h := &harness{t: t, src: newMemSource(cfg.Source.AckWait), sink: sink, dead: &recSink{}, reg: prometheus.NewRegistry()}
+	h := &harness{t: t, src: sourcetest.NewMem(cfg.Source.AckWait), sink: sink, dead: &recSink{}, reg: prometheus.NewRegistry()}
 	h.m = metrics.New(h.reg).Lane("test", float64(cfg.Rate.Limit))
 	l, err := New("test", cfg, h.src, sink, WithWaiter(TimerWaiter{}), WithMetrics(h.m), WithDeadLetter(h.dead))
 	if err != nil {
@@ -117,10 +118,8 @@ func (h *harness) stop(budget time.Duration) Summary {
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	s := h.lane.Drain(ctx)
-	h.src.close()
-	h.src.mu.Lock()
-	twice := h.src.twice
-	h.src.mu.Unlock()
+	h.src.Close()
+	twice := h.src.SettledTwice()
 	if twice > 0 {
 		h.t.Errorf("%d deliveries got a second final verb (ack/nak/term): SPEC G4 settles each once", twice)
 	}
@@ -133,7 +132,7 @@ func TestLaneBacklogAtRate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sink := &recSink{behave: func(call) (time.Duration, error) { return 5 * time.Millisecond, nil }}
 		h := newHarness(t, laneConfig(100), sink)
-		h.src.publish(300)
+		h.src.Publish(300)
 		start := time.Now()
 		h.lane.Start()
 		time.Sleep(3500 * time.Millisecond)
@@ -156,7 +155,7 @@ func TestLaneBacklogAtRate(t *testing.T) {
 		if cs[0].at != start {
 			t.Errorf("first departure %v after start, want at once", cs[0].at.Sub(start))
 		}
-		if n := h.src.count("acked"); n != 300 {
+		if n := h.src.Count("acked"); n != 300 {
 			t.Errorf("%d acked, want 300", n)
 		}
 		if got := testutil.ToFloat64(h.m.Departures); got != 300 {
@@ -179,7 +178,7 @@ func TestLaneSlowSinkKeepsCadence(t *testing.T) {
 			return 100 * time.Millisecond, nil
 		}}
 		h := newHarness(t, laneConfig(50), sink)
-		h.src.publish(100)
+		h.src.Publish(100)
 		h.lane.Start()
 		time.Sleep(2500 * time.Millisecond)
 		synctest.Wait()
@@ -213,7 +212,7 @@ func TestLaneFullSlotsEarnNoCatchUp(t *testing.T) {
 		cfg := laneConfig(100)
 		cfg.Task.MaxInFlight = 2
 		h := newHarness(t, cfg, sink)
-		h.src.publish(200)
+		h.src.Publish(200)
 		h.lane.Start()
 		time.Sleep(4 * time.Second)
 		synctest.Wait()
@@ -250,7 +249,7 @@ func TestLaneTimeoutRetriesLater(t *testing.T) {
 		cfg.Task.MaxInFlight = 4
 		cfg.Task.Retry.Backoff = []time.Duration{500 * time.Millisecond}
 		h := newHarness(t, cfg, sink)
-		h.src.publish(40)
+		h.src.Publish(40)
 		h.lane.Start()
 		time.Sleep(4 * time.Second)
 		synctest.Wait()
@@ -274,7 +273,7 @@ func TestLaneTimeoutRetriesLater(t *testing.T) {
 		if d := attempts3[1].at.Sub(attempts3[0].at); d < 800*time.Millisecond {
 			t.Errorf("retry %v after the first attempt, want ≥ timeout + backoff", d)
 		}
-		if n := h.src.count("acked"); n != 40 {
+		if n := h.src.Count("acked"); n != 40 {
 			t.Errorf("%d acked, want 40", n)
 		}
 		if c := histCount(t, h.reg, "shaper_task_duration_seconds", "timeout"); c != 1 {
@@ -319,7 +318,7 @@ func TestCase_C17_RetryAfterPausesTheLane(t *testing.T) {
 		cfg := laneConfig(10)
 		cfg.Source.MaxDeliver = 3
 		h := newHarness(t, cfg, sink)
-		h.src.publish(100)
+		h.src.Publish(100)
 		h.lane.Start()
 		time.Sleep(25 * time.Second)
 		synctest.Wait()
@@ -335,7 +334,7 @@ func TestCase_C17_RetryAfterPausesTheLane(t *testing.T) {
 		if w := maxInWindow(early, 2*time.Second); w > 1 {
 			t.Errorf("%d calls in a 2s window during the 429 period, want ≤ 1", w)
 		}
-		if n := h.src.count("acked"); n != 100 {
+		if n := h.src.Count("acked"); n != 100 {
 			t.Errorf("%d acked by t=25s, want 100", n)
 		}
 		if n := len(h.dead.snapshot()); n != 0 {
@@ -365,7 +364,7 @@ func TestLanePermanentFailureDeadLetters(t *testing.T) {
 			return 0, nil
 		}}
 		h := newHarness(t, laneConfig(100), sink)
-		h.src.publish(3)
+		h.src.Publish(3)
 		h.lane.Start()
 		time.Sleep(time.Second)
 		synctest.Wait()
@@ -386,10 +385,10 @@ func TestLanePermanentFailureDeadLetters(t *testing.T) {
 		if got := dl[0].header[HeaderLastError]; len(got) != 1 || got[0] == "" {
 			t.Errorf("header %s missing", HeaderLastError)
 		}
-		if n := h.src.count("termed"); n != 1 {
+		if n := h.src.Count("termed"); n != 1 {
 			t.Errorf("%d termed, want 1", n)
 		}
-		if n := h.src.count("acked"); n != 2 {
+		if n := h.src.Count("acked"); n != 2 {
 			t.Errorf("%d acked, want 2", n)
 		}
 		if len(sink.snapshot()) != 3 {
@@ -412,7 +411,7 @@ func TestLaneMaxDeliverDeadLetters(t *testing.T) {
 		cfg.Source.MaxDeliver = 3
 		cfg.Task.Retry.Backoff = []time.Duration{time.Second, 2 * time.Second}
 		h := newHarness(t, cfg, sink)
-		h.src.publish(1)
+		h.src.Publish(1)
 		h.lane.Start()
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
@@ -440,15 +439,15 @@ func TestLaneDeadLetterPublishFailureLosesNothing(t *testing.T) {
 		}}
 		h := newHarness(t, laneConfig(100), sink)
 		h.dead.behave = func(call) (time.Duration, error) { return 0, errors.New("stream full") }
-		h.src.publish(1)
+		h.src.Publish(1)
 		h.lane.Start()
 		time.Sleep(500 * time.Millisecond)
 		synctest.Wait()
 		h.stop(time.Second)
-		if n := h.src.count("termed"); n != 0 {
+		if n := h.src.Count("termed"); n != 0 {
 			t.Errorf("%d terminated although the dead letter was not stored", n)
 		}
-		if v := h.src.all[0].verbs; len(v) == 0 || v[0] != "nak@1" {
+		if v := h.src.Messages()[0].Verbs; len(v) == 0 || v[0] != "nak@1" {
 			t.Errorf("verbs %v, want a nak", v)
 		}
 	})
@@ -465,13 +464,13 @@ func TestCase_C14_HeldMessagesGetInProgress(t *testing.T) {
 		cfg.Source.AckWait = 30 * time.Second
 		cfg.Bucket.Capacity = 500
 		h := newHarness(t, cfg, sink)
-		h.src.publish(600)
+		h.src.Publish(600)
 		h.lane.Start()
 		time.Sleep(61 * time.Second)
 		synctest.Wait()
 		h.stop(time.Second)
-		if h.src.redeliver != 0 {
-			t.Errorf("%d redeliveries by ack wait, want 0", h.src.redeliver)
+		if h.src.Redelivered() != 0 {
+			t.Errorf("%d redeliveries by ack wait, want 0", h.src.Redelivered())
 		}
 		seen := map[string]int{}
 		for _, c := range sink.snapshot() {
@@ -485,7 +484,7 @@ func TestCase_C14_HeldMessagesGetInProgress(t *testing.T) {
 				t.Errorf("%s delivered %d times", id, n)
 			}
 		}
-		if n := h.src.count("acked"); n != 600 {
+		if n := h.src.Count("acked"); n != 600 {
 			t.Errorf("%d acked, want 600", n)
 		}
 	})
@@ -502,20 +501,18 @@ func TestCase_C18_DrainHandsBackTheBucket(t *testing.T) {
 		cfg.Source.AckWait = 60 * time.Second
 		cfg.Bucket.Capacity = 200
 		h := newHarness(t, cfg, sink)
-		h.src.publish(1000)
+		h.src.Publish(1000)
 		h.lane.Start()
 		time.Sleep(5 * time.Second)
 		synctest.Wait()
-		h.src.mu.Lock()
-		fetchesAtStop := h.src.fetches
-		h.src.mu.Unlock()
+		fetchesAtStop := h.src.Fetches()
 		drainStart := time.Now()
 		sum := h.stop(10 * time.Second)
 		if d := time.Since(drainStart); d > 11*time.Second {
 			t.Errorf("drain took %v, want ≤ drain timeout + 1s", d)
 		}
-		if h.src.fetches > fetchesAtStop {
-			t.Errorf("%d fetches after the drain began", h.src.fetches-fetchesAtStop)
+		if h.src.Fetches() > fetchesAtStop {
+			t.Errorf("%d fetches after the drain began", h.src.Fetches()-fetchesAtStop)
 		}
 		var during []time.Time
 		for _, c := range sink.snapshot() {
@@ -532,12 +529,12 @@ func TestCase_C18_DrainHandsBackTheBucket(t *testing.T) {
 		if sum.Leftovers < 90 {
 			t.Errorf("leftovers %d, want the rest of the bucket (~100)", sum.Leftovers)
 		}
-		if n := h.src.count("termed"); n != 0 {
+		if n := h.src.Count("termed"); n != 0 {
 			t.Errorf("%d terminated", n)
 		}
 		pending := 0
-		for _, m := range h.src.all {
-			if m.state == "pending" {
+		for _, m := range h.src.Messages() {
+			if m.State == sourcetest.Pending {
 				pending++
 			}
 		}
@@ -561,7 +558,7 @@ func TestCase_C10_RejectOverflowByMaxWait(t *testing.T) {
 		cfg.Bucket.Overflow = "reject"
 		cfg.Bucket.MaxWait = 1500 * time.Millisecond
 		h := newHarness(t, cfg, sink)
-		h.src.publish(30)
+		h.src.Publish(30)
 		start := time.Now()
 		h.lane.Start()
 		time.Sleep(100 * time.Millisecond)
@@ -609,7 +606,7 @@ func TestLaneWarmupColdStart(t *testing.T) {
 		cfg := laneConfig(100)
 		cfg.Rate.Warmup = config.Warmup{Period: 4 * time.Second, ColdFactor: 4}
 		h := newHarness(t, cfg, sink)
-		h.src.publish(600)
+		h.src.Publish(600)
 		start := time.Now()
 		h.lane.Start()
 		time.Sleep(6 * time.Second)
@@ -643,7 +640,7 @@ func TestLaneInvalidMessagesDeadLetter(t *testing.T) {
 		cfg.Source.MaxMessageBytes = 5 // "msg-0".."msg-9" fit, "msg-10" does not
 		cfg.Bucket.Capacity = 4
 		h := newHarness(t, cfg, sink)
-		h.src.publish(12)
+		h.src.Publish(12)
 		h.lane.Start()
 		time.Sleep(time.Second)
 		synctest.Wait()
@@ -655,7 +652,7 @@ func TestLaneInvalidMessagesDeadLetter(t *testing.T) {
 		if len(dl) != 2 || dl[0].header[HeaderReason][0] != "invalid" {
 			t.Fatalf("dead letters %+v, want 2 invalid", dl)
 		}
-		if n := h.src.count("termed"); n != 2 {
+		if n := h.src.Count("termed"); n != 2 {
 			t.Errorf("%d termed, want 2", n)
 		}
 	})
@@ -684,7 +681,7 @@ func TestCase_C07_WarmupUnderLowDemand(t *testing.T) {
 		for i := range 100 {
 			time.Sleep(time.Until(start.Add(time.Duration(i) * 120 * time.Millisecond)))
 			published[fmt.Sprintf("msg-%d", i)] = time.Now()
-			h.src.publish(1)
+			h.src.Publish(1)
 		}
 		time.Sleep(time.Second)
 		synctest.Wait()
@@ -752,7 +749,7 @@ func TestCase_C16_RetryAfterOnOneMessage(t *testing.T) {
 				cfg.Source.MaxDeliver = 10
 				cfg.Task.Retry.MaxDelay = tc.maxDelay
 				h := newHarness(t, cfg, sink)
-				h.src.publish(50)
+				h.src.Publish(50)
 				h.lane.Start()
 				time.Sleep(3 * time.Minute)
 				synctest.Wait()
@@ -771,7 +768,7 @@ func TestCase_C16_RetryAfterOnOneMessage(t *testing.T) {
 						t.Errorf("msg-7 attempt gap %v < %v", g, tc.wantGap)
 					}
 				}
-				if n := h.src.count("acked"); n != 50 {
+				if n := h.src.Count("acked"); n != 50 {
 					t.Errorf("%d acked, want 50", n)
 				}
 				if w := maxInWindow(times(sink.snapshot()), time.Second); w > 11 {
@@ -808,7 +805,7 @@ func TestLaneRetryAfterEdges(t *testing.T) {
 				cfg.Source.AckWait = 30 * time.Second
 				cfg.Task.Retry.RetryAfter = tc.honour
 				h := newHarness(t, cfg, sink)
-				h.src.publish(1)
+				h.src.Publish(1)
 				h.lane.Start()
 				time.Sleep(2 * time.Minute)
 				synctest.Wait()
@@ -833,7 +830,7 @@ func TestLaneUpdateInPlace(t *testing.T) {
 		sink := &recSink{}
 		cfg := laneConfig(100)
 		h := newHarness(t, cfg, sink)
-		h.src.publish(300)
+		h.src.Publish(300)
 		start := time.Now()
 		h.lane.Start()
 		time.Sleep(time.Second - time.Millisecond)
@@ -862,10 +859,10 @@ func TestLaneUpdateInPlace(t *testing.T) {
 		if len(cs) != 300 {
 			t.Errorf("%d delivered, want 300", len(cs))
 		}
-		for _, m := range h.src.all {
-			for _, v := range m.verbs {
+		for _, m := range h.src.Messages() {
+			for _, v := range m.Verbs {
 				if strings.HasPrefix(v, "nak") {
-					t.Fatalf("message %d was nak'd by the update: %v", m.id, m.verbs)
+					t.Fatalf("message %d was nak'd by the update: %v", m.ID, m.Verbs)
 				}
 			}
 		}

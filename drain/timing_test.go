@@ -10,26 +10,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/sources/sourcetest"
 )
 
 // Tests of SPEC §3 Per-message control (Shaper-Not-Before, Shaper-Deadline)
 // on the fake clock.
-
-// publishHeaders appends one message per header set to s, ids from len(all).
-func publishHeaders(s *memSource, hs ...map[string][]string) {
-	s.mu.Lock()
-	for _, h := range hs {
-		m := &memMsg{src: s, id: len(s.all), data: []byte("msg-" + strconv.Itoa(len(s.all))), header: h,
-			state: "ready", published: time.Now().Add(-s.publishedAgo)}
-		s.all = append(s.all, m)
-		s.queue = append(s.queue, m)
-	}
-	s.mu.Unlock()
-	select {
-	case s.arrived <- struct{}{}:
-	default:
-	}
-}
 
 // unixValue is a header value in Unix seconds (with nanoseconds) for t.
 func unixValue(t time.Time) []string {
@@ -56,7 +41,7 @@ func TestLaneNotBeforeDoesNotBlock(t *testing.T) {
 		for range 20 {
 			hs = append(hs, nil)
 		}
-		publishHeaders(h.src, hs...)
+		h.src.PublishHeaders(hs...)
 		h.lane.Start()
 		time.Sleep(15 * time.Second)
 		synctest.Wait()
@@ -86,15 +71,15 @@ func TestLaneNotBeforeDoesNotBlock(t *testing.T) {
 		if got := cs[29].at.Sub(due); got > time.Second {
 			t.Errorf("the last held message left %v after its Not-Before, want ≤ 1 s (10 at 10/s)", got)
 		}
-		for _, m := range h.src.all[:10] {
-			if len(m.verbs) == 0 || m.verbs[0] != "nak@1" {
-				t.Errorf("message %d verbs %v, want a nak first", m.id, m.verbs)
+		for _, m := range h.src.Messages()[:10] {
+			if len(m.Verbs) == 0 || m.Verbs[0] != "nak@1" {
+				t.Errorf("message %d verbs %v, want a nak first", m.ID, m.Verbs)
 			}
 		}
 		if got := testutil.ToFloat64(h.m.Retries[shaper.RetryNotBefore]); got != 10 {
 			t.Errorf("retries{not_before} = %v, want 10", got)
 		}
-		if n := h.src.count("acked"); n != 30 {
+		if n := h.src.Count(sourcetest.Acked); n != 30 {
 			t.Errorf("%d acked, want 30", n)
 		}
 	})
@@ -109,16 +94,14 @@ func TestLaneNotBeforeLongHold(t *testing.T) {
 		h := newHarness(t, laneConfig(10), sink)
 		start := time.Now()
 		due := start.Add(12 * time.Minute)
-		publishHeaders(h.src, map[string][]string{shaper.NotBeforeHeader: {due.UTC().Format(time.RFC3339Nano)}})
+		h.src.PublishHeaders(map[string][]string{shaper.NotBeforeHeader: {due.UTC().Format(time.RFC3339Nano)}})
 		h.lane.Start()
 		time.Sleep(6 * time.Minute)
 		synctest.Wait()
 		if n := len(sink.snapshot()); n != 0 {
 			t.Fatalf("delivered %d after 6 min of a 12 min hold", n)
 		}
-		h.src.mu.Lock()
-		d := h.src.all[0].delivered
-		h.src.mu.Unlock()
+		d := h.src.Messages()[0].Delivered
 		if d != 2 {
 			t.Errorf("after 6 min delivered %d times, want 2 (a nak capped at 5 min came back and was held again)", d)
 		}
@@ -147,7 +130,7 @@ func TestLaneNotBeforeHoldsAreNotAttempts(t *testing.T) {
 		cfg := laneConfig(10)
 		cfg.Source.MaxDeliver = 3
 		h := newHarness(t, cfg, sink)
-		publishHeaders(h.src, map[string][]string{shaper.NotBeforeHeader: unixValue(time.Now().Add(12 * time.Minute))})
+		h.src.PublishHeaders(map[string][]string{shaper.NotBeforeHeader: unixValue(time.Now().Add(12 * time.Minute))})
 		h.lane.Start()
 		time.Sleep(14 * time.Minute)
 		synctest.Wait()
@@ -186,7 +169,7 @@ func TestLaneDeadlineAtDeparture(t *testing.T) {
 				hs = append(hs, nil)
 			}
 		}
-		publishHeaders(h.src, hs...)
+		h.src.PublishHeaders(hs...)
 		h.lane.Start()
 		time.Sleep(5 * time.Second)
 		synctest.Wait()
@@ -234,7 +217,7 @@ func TestLaneDeadlineWhilePaused(t *testing.T) {
 			return 0, nil
 		}}
 		h := newHarness(t, laneConfig(10), sink)
-		publishHeaders(h.src, nil, map[string][]string{shaper.DeadlineHeader: unixValue(start.Add(3 * time.Second))})
+		h.src.PublishHeaders(nil, map[string][]string{shaper.DeadlineHeader: unixValue(start.Add(3 * time.Second))})
 		h.lane.Start()
 		time.Sleep(4 * time.Second)
 		synctest.Wait()
@@ -258,7 +241,7 @@ func TestLaneTimingInvalid(t *testing.T) {
 		sink := &recSink{}
 		h := newHarness(t, laneConfig(10), sink)
 		now := time.Now()
-		publishHeaders(h.src,
+		h.src.PublishHeaders(
 			map[string][]string{shaper.NotBeforeHeader: {"next tuesday"}},
 			map[string][]string{shaper.DeadlineHeader: {"2026-13-45T00:00:00Z"}},
 			map[string][]string{shaper.NotBeforeHeader: unixValue(now.Add(time.Hour)), shaper.DeadlineHeader: unixValue(now.Add(time.Minute))},
@@ -288,7 +271,7 @@ func TestLaneTimingInvalid(t *testing.T) {
 				t.Errorf("%s: last error %v, want %q", d.id, e, w[1])
 			}
 		}
-		if v := h.src.all[2].verbs; len(v) != 1 || v[0] != "term@1" {
+		if v := h.src.Messages()[2].Verbs; len(v) != 1 || v[0] != "term@1" {
 			t.Errorf("msg-2 verbs %v, want only a term (no hold nak)", v)
 		}
 	})

@@ -16,6 +16,7 @@ import (
 
 	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/drain"
+	"github.com/shaper-dev/shaper/internal/testserver"
 	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/sources"
 )
@@ -28,11 +29,7 @@ import (
 // restarted, and a real (embedded) NATS server.
 func TestFallbackGaugeClearsWhileIdle(t *testing.T) {
 	rd := startRedis(t)
-	ns, err := sources.StartEmbedded("127.0.0.1:0", t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	ns := testserver.NATS(t)
 	ctx := context.Background()
 	nc, err := sources.Connect(ns.ClientURL(), nil)
 	if err != nil {
@@ -58,7 +55,7 @@ func TestFallbackGaugeClearsWhileIdle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs, err := NewRedisSlots(config.Redis{Addr: rd.addr, KeyPrefix: "idle", Timeout: 250 * time.Millisecond})
+	rs, err := NewRedisSlots(config.Redis{Addr: rd.Addr, KeyPrefix: "idle", Timeout: 250 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,13 +106,13 @@ func TestFallbackGaugeClearsWhileIdle(t *testing.T) {
 
 	publishAndWait("on the shared schedule")
 	waitGauge(0, 0, "on the shared schedule")
-	rd.kill()
+	rd.Kill()
 	publishAndWait("redis killed")
 	waitGauge(1, 2*time.Second, "redis killed, one departure")
 	// Idle in fallback for a few probe intervals: the gauge stays at 1.
 	time.Sleep(2500 * time.Millisecond)
 	waitGauge(1, 0, "redis still down, lane idle")
-	rd.start()
+	rd.Start()
 	took := waitGauge(0, 4*time.Second, "redis back, lane idle")
 	t.Logf("fallback gauge back to 0 %v after redis answered, with no departure", took.Round(time.Millisecond))
 	if _, _, n := down.snapshot(); n != sent {

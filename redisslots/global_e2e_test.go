@@ -16,6 +16,7 @@ import (
 
 	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/drain"
+	"github.com/shaper-dev/shaper/internal/testserver"
 	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/sources"
@@ -121,11 +122,7 @@ func TestGlobalThreeReplicas(t *testing.T) {
 		total    = 3000
 	)
 	rd := startRedis(t)
-	ns, err := sources.StartEmbedded("127.0.0.1:0", t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	ns := testserver.NATS(t)
 	ctx := context.Background()
 
 	cfg := config.Lane{
@@ -170,7 +167,7 @@ func TestGlobalThreeReplicas(t *testing.T) {
 		// Redis adds its fallback rate on top of the limit (a partial
 		// outage, docs/scaling.md). The outage here is a killed server:
 		// refused connections, detected at once whatever the timeout.
-		rs, err := NewRedisSlots(config.Redis{Addr: rd.addr, KeyPrefix: "e2e", Timeout: 250 * time.Millisecond})
+		rs, err := NewRedisSlots(config.Redis{Addr: rd.Addr, KeyPrefix: "e2e", Timeout: 250 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -202,12 +199,12 @@ func TestGlobalThreeReplicas(t *testing.T) {
 		return fb
 	}
 	sleepUntil(at(6))
-	rd.kill()
+	rd.Kill()
 	killed := time.Now()
 	sleepUntil(at(8.5))
 	during := gauges()
 	sleepUntil(at(11))
-	rd.start()
+	rd.Start()
 	restarted := time.Now()
 	sleepUntil(restarted.Add(2 * time.Second))
 	after := gauges()

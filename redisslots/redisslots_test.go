@@ -76,8 +76,8 @@ func TestRedisGCRATwoReplicas(t *testing.T) {
 		wg           sync.WaitGroup
 		firstErr     error
 		perClient    [2]int
-		rs0          = newSlots(t, rd.addr)
-		rs1          = newSlots(t, rd.addr)
+		rs0          = newSlots(t, rd.Addr)
+		rs1          = newSlots(t, rd.Addr)
 		clientsSlots = []*LaneSlots{rs0.Lane("payments"), rs1.Lane("payments")}
 	)
 	for i, ls := range clientsSlots {
@@ -130,7 +130,7 @@ func TestRedisLeasesAt10k(t *testing.T) {
 	if k := leaseSize(iv); k != 20 {
 		t.Fatalf("lease size at 10,000/s = %d, want 20", k)
 	}
-	rs := []*RedisSlots{newSlots(t, rd.addr), newSlots(t, rd.addr)}
+	rs := []*RedisSlots{newSlots(t, rd.Addr), newSlots(t, rd.Addr)}
 	lanes := []*LaneSlots{rs[0].Lane("fast"), rs[1].Lane("fast")}
 	stop := time.Now().Add(time.Second)
 	var (
@@ -188,7 +188,7 @@ func TestRedisLeasesAt10k(t *testing.T) {
 	// pause puts them half a second ahead, so that none of their slots is
 	// stale when handed out, however slowly this goroutine runs.
 	ctx := context.Background()
-	probe := newSlots(t, rd.addr).Lane("fast")
+	probe := newSlots(t, rd.Addr).Lane("fast")
 	if err := probe.Pause(ctx, time.Now().Add(500*time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
@@ -218,17 +218,17 @@ func TestRedisLeasesAt10k(t *testing.T) {
 // NOSCRIPT reply makes the client load it again, transparently.
 func TestRedisScriptReloadAfterFlush(t *testing.T) {
 	rd := startRedis(t)
-	rs := newSlots(t, rd.addr)
+	rs := newSlots(t, rd.Addr)
 	ls := rs.Lane("payments")
 	ctx := context.Background()
 	if _, err := ls.Reserve(ctx, slotReq(interval(100))); err != nil {
 		t.Fatal(err)
 	}
 	sha := rs.script.Hash()
-	if got := rd.do("SCRIPT", "EXISTS", sha); got != "*1" {
+	if got := rd.Do("SCRIPT", "EXISTS", sha); got != "*1" {
 		t.Fatalf("SCRIPT EXISTS: %q", got)
 	}
-	if got := rd.do("SCRIPT", "FLUSH"); got != "+OK" {
+	if got := rd.Do("SCRIPT", "FLUSH"); got != "+OK" {
 		t.Fatalf("SCRIPT FLUSH: %q", got)
 	}
 	s1, err := ls.Reserve(ctx, slotReq(interval(100)))
@@ -243,12 +243,12 @@ func TestRedisScriptReloadAfterFlush(t *testing.T) {
 		t.Errorf("slots %v apart after the reload, want 10ms", d)
 	}
 	// EVAL after NOSCRIPT cached the script again: EVALSHA works.
-	conn, err := net.Dial("tcp", rd.addr)
+	conn, err := net.Dial("tcp", rd.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	conn.Close()
-	if got := rd.do("EVALSHA", sha, "1", "{test:x}:schedule", "reserve", "10000", "1", "0", "0"); got != "*3" {
+	if got := rd.Do("EVALSHA", sha, "1", "{test:x}:schedule", "reserve", "10000", "1", "0", "0"); got != "*3" {
 		t.Errorf("EVALSHA after the reload: %q", got)
 	}
 }
@@ -261,8 +261,8 @@ func TestRedisSkewedClock(t *testing.T) {
 		t.Run(skew.String(), func(t *testing.T) {
 			rd := startRedis(t)
 			iv := interval(150)
-			a := newSlots(t, rd.addr).Lane("payments")
-			b := newSlots(t, rd.addr, WithRedisClock(func() time.Time { return time.Now().Add(skew) })).Lane("payments")
+			a := newSlots(t, rd.Addr).Lane("payments")
+			b := newSlots(t, rd.Addr, WithRedisClock(func() time.Time { return time.Now().Add(skew) })).Lane("payments")
 			ctx := context.Background()
 			var all []time.Time
 			for range 30 {
@@ -294,7 +294,7 @@ func TestRedisSkewedClock(t *testing.T) {
 // slot ("allowed", case C26) and never a wait without end.
 func TestRedisFailureIsAnError(t *testing.T) {
 	rd := startRedis(t)
-	ls := newSlots(t, rd.addr).Lane("payments")
+	ls := newSlots(t, rd.Addr).Lane("payments")
 	ctx := context.Background()
 	if _, err := ls.Reserve(ctx, slotReq(interval(100))); err != nil {
 		t.Fatal(err)
@@ -317,11 +317,11 @@ func TestRedisFailureIsAnError(t *testing.T) {
 		}
 	}
 	t.Run("killed", func(t *testing.T) {
-		rd.kill()
+		rd.Kill()
 		check(t, ls)
 	})
 	t.Run("nothing listening", func(t *testing.T) {
-		check(t, newSlots0(t, rd.addr).Lane("payments"))
+		check(t, newSlots0(t, rd.Addr).Lane("payments"))
 	})
 	t.Run("not answering", func(t *testing.T) {
 		// A listener that accepts connections and never replies: a Redis
@@ -359,7 +359,7 @@ func TestRedisFailureIsAnError(t *testing.T) {
 	t.Run("cancelled", func(t *testing.T) {
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
-		if _, err := newSlots0(t, rd.addr).Lane("payments").Reserve(cctx, slotReq(interval(100))); !errors.Is(err, context.Canceled) {
+		if _, err := newSlots0(t, rd.Addr).Lane("payments").Reserve(cctx, slotReq(interval(100))); !errors.Is(err, context.Canceled) {
 			t.Errorf("Reserve with a cancelled context: %v", err)
 		}
 	})
@@ -381,8 +381,8 @@ func newSlots0(t *testing.T, addr string) *RedisSlots {
 // the end of the pause with no burst.
 func TestRedisPauseIsShared(t *testing.T) {
 	rd := startRedis(t)
-	a := newSlots(t, rd.addr).Lane("payments")
-	b := newSlots(t, rd.addr).Lane("payments")
+	a := newSlots(t, rd.Addr).Lane("payments")
+	b := newSlots(t, rd.Addr).Lane("payments")
 	ctx := context.Background()
 	until := time.Now().Add(300 * time.Millisecond)
 	if err := a.Pause(ctx, until); err != nil {
@@ -446,7 +446,7 @@ func TestCase_C23_GlobalBurst(t *testing.T) {
 				errs        []error
 			)
 			for range 2 {
-				ls := newSlots(t, rd.addr).Lane("c23")
+				ls := newSlots(t, rd.Addr).Lane("c23")
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
@@ -515,7 +515,7 @@ func TestRedisFreshKeyGrantsOnePlusSlack(t *testing.T) {
 	rd := startRedis(t)
 	iv := interval(10)
 	req := drain.SlotRequest{Interval: iv, Slack: 5, MinSpacing: shaper.DefaultMinSpacing}
-	replicas := []*LaneSlots{newSlots(t, rd.addr).Lane("fresh"), newSlots(t, rd.addr).Lane("fresh")}
+	replicas := []*LaneSlots{newSlots(t, rd.Addr).Lane("fresh"), newSlots(t, rd.Addr).Lane("fresh")}
 	var slots []time.Time
 	t0 := time.Now()
 	for i := range 10 {
@@ -553,8 +553,8 @@ func TestRedisFreshKeyGrantsOnePlusSlack(t *testing.T) {
 func BenchmarkReserve(b *testing.B) {
 	for _, limit := range []float64{100, 1000, 10000} {
 		b.Run(strconv.FormatFloat(limit, 'f', -1, 64)+"/s", func(b *testing.B) {
-			rd := startRedisTB(b)
-			rs, err := NewRedisSlots(config.Redis{Addr: rd.addr, KeyPrefix: "bench", Timeout: time.Second})
+			rd := startRedis(b)
+			rs, err := NewRedisSlots(config.Redis{Addr: rd.Addr, KeyPrefix: "bench", Timeout: time.Second})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -7,18 +7,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/net/http/httpguts"
 
 	"github.com/shaper-dev/shaper/shaper"
 )
@@ -221,91 +217,18 @@ func NewHTTP(cfg HTTPConfig, opts ...Option) (*HTTP, error) {
 		logger:  o.logger,
 		now:     o.now,
 	}
-	var errs []error
-	var err error
-	if s.url, err = ParseURLTemplate(cfg.URL); err != nil { // urltemplate.go
-		errs = append(errs, fmt.Errorf("url: %w", err))
-	}
-	signer, serrs := newSigner(cfg.Signing) // signing.go
-	s.signer, errs = signer, append(errs, serrs...)
-	errs = append(errs, signer.reservedIn(cfg.Headers)...)
-	if s.method == "" {
-		s.method = DefaultMethod
-	}
-	if !isToken(s.method) {
-		errs = append(errs, fmt.Errorf("method %q: not a valid HTTP method", s.method))
-	}
-	for _, std := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
-		http.MethodPatch, http.MethodDelete, http.MethodOptions} {
-		if strings.EqualFold(s.method, std) {
-			s.method = std
-		}
-	}
-	for _, name := range slices.Sorted(maps.Keys(cfg.Headers)) {
-		value := cfg.Headers[name]
-		if err := checkConfiguredHeader(name, value); err != nil {
-			errs = append(errs, fmt.Errorf("headers.%s: %w", name, err))
-			continue
-		}
-		if http.CanonicalHeaderKey(name) == "Host" {
-			s.host = value
-			continue
-		}
-		s.headers.Set(name, value)
-	}
-	if s.headers.Get("User-Agent") == "" {
-		s.headers.Set("User-Agent", "shaper")
-	}
-	success := cfg.SuccessStatus
-	if len(success) == 0 {
-		success = []string{"2xx"}
-	}
-	for i, v := range success {
-		if err := s.success.addPattern(v); err != nil {
-			errs = append(errs, fmt.Errorf("success_status[%d] %q: %w", i, v, err))
-		}
-	}
-	for i, code := range cfg.RetryableStatus {
-		if code < 100 || code > 599 {
-			errs = append(errs, fmt.Errorf("retryable_status[%d] %d: must be between 100 and 599", i, code))
-			continue
-		}
-		s.retryable.add(code)
-	}
-	for _, p := range append(CheckAuth(cfg.Auth, cfg.Headers), CheckTLS(cfg.TLS, cfg.URL)...) {
-		errs = append(errs, p)
-	}
-	if !cfg.TLS.IsZero() && cfg.Client != nil {
-		errs = append(errs, errors.New("tls: not with HTTPConfig.Client (configure its transport)"))
-	}
-	if len(errs) > 0 {
+	if errs := s.configure(cfg); len(errs) > 0 {
 		return nil, fmt.Errorf("sinks: http: %w", errors.Join(errs...))
 	}
-
 	if err := s.startAuthTLS(cfg); err != nil {
 		return nil, fmt.Errorf("sinks: http: %w", err)
 	}
+
 	if cfg.Client != nil {
 		s.client = cfg.Client
 		return s, nil
 	}
-	s.transport = &http.Transport{
-		Proxy: http.ProxyFromEnvironment,
-		DialContext: wireDialer(&net.Dialer{
-			Timeout:   30 * time.Second,
-			KeepAlive: 30 * time.Second,
-		}),
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          o.maxIdle,
-		MaxIdleConnsPerHost:   o.maxIdle,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		// No Accept-Encoding: gzip that Go's transport would add on its
-		// own: the downstream receives only the headers the README lists
-		// (issue 12); only a short snippet of an error body is read.
-		DisableCompression: true,
-	}
+	s.transport = newTransport(o.maxIdle)
 	if s.tls != nil {
 		s.transport.TLSClientConfig = s.tls.config()
 		s.tls.transport.Store(s.transport)
@@ -317,6 +240,28 @@ func NewHTTP(cfg HTTPConfig, opts ...Option) (*HTTP, error) {
 		},
 	}
 	return s, nil
+}
+
+// newTransport is the HTTP sink's own transport: maxIdle idle connections
+// per host, wire reports from its connections (wireDialer).
+func newTransport(maxIdle int) *http.Transport {
+	return &http.Transport{
+		Proxy: http.ProxyFromEnvironment,
+		DialContext: wireDialer(&net.Dialer{
+			Timeout:   30 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}),
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          maxIdle,
+		MaxIdleConnsPerHost:   maxIdle,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		// No Accept-Encoding: gzip that Go's transport would add on its
+		// own: the downstream receives only the headers the README lists
+		// (issue 12); only a short snippet of an error body is read.
+		DisableCompression: true,
+	}
 }
 
 // wireConn reports, once per request, when a Write of the connection
@@ -508,50 +453,6 @@ func (s *HTTP) Close() error {
 }
 
 // statusSet is a set of HTTP status codes 100–599.
-type statusSet [600]bool
-
-func (s *statusSet) add(code int) { s[code] = true }
-
-func (s *statusSet) has(code int) bool { return code >= 0 && code < len(s) && s[code] }
-
-// addPattern adds an exact code ("204") or a class ("2xx").
-func (s *statusSet) addPattern(p string) error {
-	p = strings.TrimSpace(p)
-	if len(p) == 3 && p[0] >= '1' && p[0] <= '5' && strings.EqualFold(p[1:], "xx") {
-		base := int(p[0]-'0') * 100
-		for c := base; c < base+100; c++ {
-			s.add(c)
-		}
-		return nil
-	}
-	if len(p) == 3 && allDigits(p) {
-		if c, _ := strconv.Atoi(p); c >= 100 && c <= 599 {
-			s.add(c)
-			return nil
-		}
-	}
-	return errors.New("want a status code 100-599 or a class 1xx-5xx")
-}
-
-// checkConfiguredHeader reports why a configured header cannot be used.
-// It never quotes the value.
-func checkConfiguredHeader(name, value string) error {
-	if !isToken(name) {
-		return errors.New("not a valid header name")
-	}
-	if !validHeaderValue(value) {
-		return errors.New("value contains control characters")
-	}
-	switch c := http.CanonicalHeaderKey(name); {
-	case c == IdempotencyKeyHeader, c == SubjectHeader, c == DeliveryHeader,
-		hasPrefixFold(c, NATSHeaderPrefix):
-		return errors.New("reserved: the sink sets this header itself")
-	case c == "Content-Length", c == "Transfer-Encoding", c == "Trailer", c == "Connection":
-		return errors.New("reserved: framing is managed by the HTTP client")
-	}
-	return nil
-}
-
 // stripURL removes the *url.Error layer, whose text repeats the request URL
 // (which may carry credentials), and keeps its cause.
 func stripURL(err error) error {
@@ -560,15 +461,4 @@ func stripURL(err error) error {
 		return ue.Err
 	}
 	return err
-}
-
-// isToken reports whether s is an RFC 9110 token (header names, methods).
-func isToken(s string) bool { return httpguts.ValidHeaderFieldName(s) }
-
-// validHeaderValue reports whether v can be sent as a header value: no
-// control characters other than horizontal tab (RFC 9110 §5.5).
-func validHeaderValue(v string) bool { return httpguts.ValidHeaderFieldValue(v) }
-
-func hasPrefixFold(s, prefix string) bool {
-	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
 }

@@ -8,43 +8,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shaper-dev/shaper/internal/testserver"
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/sinks"
 	"github.com/shaper-dev/shaper/sinks/sinktest"
 )
 
-// startJetStream starts an in-process NATS server with JetStream on a free
-// port, storing in t.TempDir(), connects to it, and stops both on cleanup.
-// opts may adjust the server options.
-func startJetStream(t *testing.T, opts ...func(*server.Options)) (*nats.Conn, jetstream.JetStream) {
+// startJetStream starts an in-process NATS server with JetStream
+// (internal/testserver, opts adjusting it), connects to it, and stops both
+// on cleanup.
+func startJetStream(t *testing.T, opts ...testserver.NATSOption) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	o := &server.Options{
-		Host:      "127.0.0.1",
-		Port:      -1,
-		JetStream: true,
-		StoreDir:  t.TempDir(),
-		NoLog:     true,
-		NoSigs:    true,
-	}
-	for _, f := range opts {
-		f(o)
-	}
-	srv, err := server.NewServer(o)
-	if err != nil {
-		t.Fatalf("nats-server: %v", err)
-	}
-	srv.Start()
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
+	srv := testserver.NATS(t, opts...)
 	nc, err := nats.Connect(srv.ClientURL())
 	if err != nil {
 		t.Fatalf("connect: %v", err)
@@ -178,7 +156,7 @@ func TestNATSPublishAndDedupe(t *testing.T) {
 }
 
 func TestNATSErrors(t *testing.T) {
-	_, js := startJetStream(t, func(o *server.Options) { o.MaxPayload = 1024 })
+	_, js := startJetStream(t, testserver.WithMaxPayload(1024))
 	createStream(t, js, "OUT", "out.>")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -204,20 +182,7 @@ func TestNATSErrors(t *testing.T) {
 // dialed with the caller's options at the first Send but without its
 // callbacks, and closes only that one on Close.
 func TestNATSOwnConnection(t *testing.T) {
-	srv, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
+	srv := testserver.NATS(t)
 	var mu sync.Mutex
 	var events []string
 	event := func(what string) func(*nats.Conn) {

@@ -18,12 +18,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/drain"
+	"github.com/shaper-dev/shaper/internal/testserver"
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/sinks"
 )
@@ -92,7 +92,7 @@ const wireWarmup = 100 * time.Millisecond
 var wireWindows = []time.Duration{time.Millisecond, 10 * time.Millisecond, 100 * time.Millisecond, time.Second}
 
 func runWireRate(t *testing.T, limit, maxInFlight int, seconds float64) {
-	srv := startServer(t)
+	srv := testserver.NATS(t)
 	proxy := startWireProxyProcess(t, srv.Addr().String(), "out.jobs")
 	var sniff *loSniffer
 	if _, port, err := net.SplitHostPort(strings.TrimPrefix(proxy.URL(), "nats://")); err == nil {
@@ -255,27 +255,6 @@ func describeWire(ts []time.Time, limit int, minSpacing float64) string {
 	}
 	fmt.Fprintf(&b, "; %d gaps under %.2f intervals, the closest %.2f", near, minSpacing, float64(minGap)/float64(iv))
 	return b.String()
-}
-
-// startServer starts an in-process NATS server with JetStream on a free
-// port and stops it on cleanup.
-func startServer(t *testing.T) *server.Server {
-	t.Helper()
-	srv, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
-	})
-	if err != nil {
-		t.Fatalf("nats-server: %v", err)
-	}
-	srv.Start()
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	return srv
 }
 
 // wireLaneConfig loads a lane with every default of SPEC §4 but the rate,

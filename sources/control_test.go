@@ -10,18 +10,16 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shaper-dev/shaper/internal/testserver"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
-// testJetStream starts an embedded server in a temporary directory and
-// returns a JetStream context on it; cleanups stop both.
+// testJetStream starts an in-process NATS server with JetStream
+// (internal/testserver) and returns a JetStream context on it, connected as
+// the daemon connects; cleanups stop both.
 func testJetStream(t *testing.T) jetstream.JetStream {
 	t.Helper()
-	ns, err := StartEmbedded("127.0.0.1:0", t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ns := testserver.NATS(t)
 	nc, err := Connect(ns.ClientURL(), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shaper-dev/shaper/internal/testserver"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -15,11 +16,7 @@ import (
 // once: a retry or a Retry-After must not hammer the downstream, case C16),
 // a plain Nak at once, InProgress resets the ack wait, and Term ends it.
 func TestJetStreamAckerVerbs(t *testing.T) {
-	ns, err := StartEmbedded("127.0.0.1:0", t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	ns := testserver.NATS(t)
 	nc, err := Connect(ns.ClientURL(), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shaper-dev/shaper/internal/testserver"
 )
 
 // TestEnsureStreamLimits: issue 12 — a stream shaper creates gets the
@@ -16,11 +18,7 @@ import (
 // is left as it is and a warning says so; one with the same settings gets
 // no warning.
 func TestEnsureStreamLimits(t *testing.T) {
-	ns, err := StartEmbedded("127.0.0.1:0", t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	ns := testserver.NATS(t)
 	nc, err := Connect(ns.ClientURL(), nil)
 	if err != nil {
 		t.Fatal(err)

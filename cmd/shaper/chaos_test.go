@@ -5,7 +5,7 @@ package main
 // of production. Each test runs its own NATS server as a separate process
 // (restartable on the same port and store), shaper as a child process built
 // from ./cmd/shaper, and an HTTP downstream recording every request; it ends
-// with the ledger (chaos_helpers_test.go): every published message delivered
+// with the ledger (chaos_ledger_test.go): every published message delivered
 // or dead-lettered with a reason, none missing, duplicates only where the
 // fault makes them unavoidable and with the message's own Idempotency-Key,
 // and G1 in every 1 s window. The suite publishes 7,950 messages in all.
@@ -228,14 +228,14 @@ func TestChaosNATSServerRestart(t *testing.T) {
 		t.Fatalf("only %d delivered before the server stopped", down.delivered())
 	}
 	stopped := time.Now()
-	r.nats.stop(syscall.SIGTERM)
+	r.nats.Stop(syscall.SIGTERM)
 	if c, ok := rd.awaitChange(stopped, false, 3*time.Second); !ok {
 		t.Errorf("/readyz still 200 3s after the NATS server stopped")
 	} else {
 		t.Logf("/readyz not ready %s after the stop: %q", c.at.Sub(stopped).Round(time.Millisecond), c.body)
 	}
 	time.Sleep(3*time.Second - time.Since(stopped))
-	r.nats.start()
+	r.nats.Start()
 	restarted := time.Now()
 	if c, ok := rd.awaitChange(restarted, true, 15*time.Second); !ok {
 		t.Errorf("/readyz not 200 within 15s of the NATS server's restart")

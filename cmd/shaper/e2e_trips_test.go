@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/pflag"
 
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/internal/testserver"
 )
 
 // The items an operator tripped over (issue 12), through the daemon.
@@ -27,18 +27,11 @@ const natsPassword = "hunter2-s3cr3t"
 // host:port. A cleanup shuts it down.
 func startAuthNATS(t *testing.T, js bool) string {
 	t.Helper()
-	opts := &server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true,
-		Username: "bob", Password: natsPassword, JetStream: js, StoreDir: t.TempDir()}
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
+	opts := []testserver.NATSOption{testserver.WithUser("bob", natsPassword)}
+	if !js {
+		opts = append(opts, testserver.WithoutJetStream())
 	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	return ns.Addr().String()
+	return testserver.NATS(t, opts...).Addr().String()
 }
 
 // authConfig is a config with one log lane and the given nats.url line.

@@ -1,57 +1,20 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
 	"sort"
 	"strconv"
 	"testing"
 	"time"
-)
 
-// startRedisProcess runs a real redis-server on a free loopback port for the
-// test (SPEC rule 1: under CI=true a missing binary is a failure).
-func startRedisProcess(t *testing.T) string {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("redis-server not found (scripts/test.sh installs it)")
-		}
-		t.Skip("redis-server not found; run scripts/test.sh to install it")
-	}
-	addr := freeAddr(t)
-	_, port, _ := net.SplitHostPort(addr)
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
-			fmt.Fprint(c, "PING\r\n")
-			line, _ := bufio.NewReader(c).ReadString('\n')
-			c.Close()
-			if line == "+PONG\r\n" {
-				return addr
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("redis-server did not answer PING")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+	"github.com/shaper-dev/shaper/internal/testserver"
+)
 
 // TestGlobalRateThreeProcesses: issue 5 — three shaper processes on one lane
 // with rate.global, one durable consumer and one Redis: the downstream sees
 // the shared limit, not three times it, and every message is delivered.
 func TestGlobalRateThreeProcesses(t *testing.T) {
-	redisAddr := startRedisProcess(t)
+	redisAddr := testserver.StartRedis(t).Addr
 	down := newChaosDownstream(t, 0, nil)
 	rig := newChaosRig(t, chaosLane{limit: 150, capacity: 200, maxInFlight: 8, ackWait: "30s", timeout: "5s",
 		backoff: "[1s]", maxDeliver: 5, drainTimeout: "2s"}, down)
@@ -72,7 +35,7 @@ downstreams:
     rate: { limit: 150/s, global: true }
     task: { timeout: 5s, max_in_flight: 8 }
     sink: { kind: http, url: %q }
-`, rig.nats.url(), admin, redisAddr, chaosLaneName, chaosStream, down.url())
+`, rig.nats.URL(), admin, redisAddr, chaosLaneName, chaosStream, down.url())
 		c := startChild(t, rig.bin, "run", "-c", writeFile(t, "replica"+strconv.Itoa(i)+".yaml", cfg))
 		waitReady(t, admin, 20*time.Second)
 		children = append(children, c)

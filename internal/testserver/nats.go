@@ -18,6 +18,9 @@ func WithUser(user, password string) NATSOption {
 	return func(o *server.Options) { o.Username, o.Password = user, password }
 }
 
+// WithMaxPayload sets the largest message the server accepts (default 1 MiB).
+func WithMaxPayload(n int32) NATSOption { return func(o *server.Options) { o.MaxPayload = n } }
+
 // NATS starts an in-process NATS server with JetStream (file storage in a
 // temporary directory) on a free loopback port, shut down at the end of the
 // test. Its ClientURL is the URL to connect to.

@@ -2,6 +2,7 @@ package testserver
 
 import (
 	"context"
+	"syscall"
 	"testing"
 	"time"
 
@@ -74,4 +75,41 @@ func TestCluster(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	c.Restart(leader)
+}
+
+// TestNATSProcess: a stream survives a graceful stop and a restart on the
+// same port and store.
+func TestNATSProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds nats-server and starts a process")
+	}
+	p := StartNATSProcess(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	connect := func() jetstream.JetStream {
+		t.Helper()
+		nc, err := nats.Connect(p.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, _ := jetstream.New(nc)
+		return js
+	}
+	js := connect()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "KEEP", Subjects: []string{"keep.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "keep.x", []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+	p.Stop(syscall.SIGTERM)
+	p.Start()
+	st, err := connect().Stream(ctx, "KEEP")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := st.CachedInfo().State.Msgs; n != 1 {
+		t.Errorf("stream has %d messages after the restart, want 1", n)
+	}
 }

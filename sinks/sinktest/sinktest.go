@@ -71,6 +71,9 @@ const (
 //   - Close: Close returns nil twice; a Send after Close fails with a
 //     retryable *shaper.SinkError (the message goes back for redelivery,
 //     never to the dead letter).
+//
+// Run is longer than 80 lines on purpose: it is the list of the contract's
+// subtests, each a few lines, read top to bottom as the contract above.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	if h.NewSink == nil || h.NewStalledSink == nil {

@@ -38,61 +38,77 @@ func (d *Daemon) Reload(ctx context.Context, cfg *config.Config) {
 		d.log.Warn("reload: changes outside downstreams need a restart; they were not applied")
 	}
 	drainTimeout := old.Shutdown.DrainTimeout
-	retire := func(name string, rec *laneRec, why string) {
-		d.log.Info("reload: draining lane", "lane", name, "why", why)
-		d.retired.Add(1)
-		go func() {
-			defer d.retired.Done()
-			dctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
-			defer cancel()
-			rec.lane.Drain(dctx)
-			rec.closeSinks()
-		}()
-	}
 	d.failed = map[string]string{} // retried below with the new configuration
 	for name, rec := range d.lanes {
 		lc, ok := cfg.Downstreams[name]
 		if !ok {
 			d.dropLane(name)
-			retire(name, rec, "removed from the configuration")
+			d.retire(name, rec, "removed from the configuration", drainTimeout)
 			d.m.Remove(name)
 			continue
 		}
 		if reflect.DeepEqual(rec.cfg, lc) {
 			continue
 		}
-		err := rec.lane.Update(lc)
-		if errors.Is(err, drain.ErrRestartNeeded) {
-			// The replacement must not fetch before the old lane handed its
-			// messages back: drain first, then start the new one.
-			d.log.Info("reload: lane restarts (source, overflow or dead-letter changed)", "lane", name)
-			dctx, cancel := context.WithTimeout(ctx, drainTimeout)
-			rec.lane.Drain(dctx)
-			cancel()
-			rec.closeSinks()
-			nrec, err := d.newLane(ctx, name, lc)
-			if err != nil {
-				d.log.Error("reload: lane could not restart", "lane", name, "err", err)
-				d.dropLane(name)
-				d.failed[name] = err.Error()
-				continue
-			}
-			d.setLane(name, nrec)
-			nrec.lane.Start()
-			continue
-		}
-		if !reflect.DeepEqual(rec.cfg.Sink, lc.Sink) {
-			sink, err := d.newSink(lc.Sink, lc.Task.MaxInFlight)
-			if err != nil {
-				d.log.Error("reload: new sink rejected; the old one stays", "lane", name, "err", err)
-			} else {
-				old := rec.lane.SetSink(sink)
-				rec.sink = sink
-				go closeSink(old) // waits for the calls still running
-			}
-		}
-		rec.cfg = lc
+		d.updateLane(ctx, name, rec, lc, drainTimeout)
 	}
+	d.addLanes(ctx, cfg)
+	d.cfg = cfg
+	d.log.Info("configuration reloaded", "lanes", len(d.lanes))
+}
+
+// retire drains a lane that left the configuration in the background,
+// within drainTimeout, and closes its sinks; d.retired waits for it.
+func (d *Daemon) retire(name string, rec *laneRec, why string, drainTimeout time.Duration) {
+	d.log.Info("reload: draining lane", "lane", name, "why", why)
+	d.retired.Add(1)
+	go func() {
+		defer d.retired.Done()
+		dctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+		defer cancel()
+		rec.lane.Drain(dctx)
+		rec.closeSinks()
+	}()
+}
+
+// updateLane applies lc to a running lane: in place when it can, else by a
+// drain and a new lane. d.mu is held.
+func (d *Daemon) updateLane(ctx context.Context, name string, rec *laneRec, lc config.Lane, drainTimeout time.Duration) {
+	err := rec.lane.Update(lc)
+	if errors.Is(err, drain.ErrRestartNeeded) {
+		// The replacement must not fetch before the old lane handed its
+		// messages back: drain first, then start the new one.
+		d.log.Info("reload: lane restarts (source, overflow or dead-letter changed)", "lane", name)
+		dctx, cancel := context.WithTimeout(ctx, drainTimeout)
+		rec.lane.Drain(dctx)
+		cancel()
+		rec.closeSinks()
+		nrec, err := d.newLane(ctx, name, lc)
+		if err != nil {
+			d.log.Error("reload: lane could not restart", "lane", name, "err", err)
+			d.dropLane(name)
+			d.failed[name] = err.Error()
+			return
+		}
+		d.setLane(name, nrec)
+		nrec.lane.Start()
+		return
+	}
+	if !reflect.DeepEqual(rec.cfg.Sink, lc.Sink) {
+		sink, err := d.newSink(lc.Sink, lc.Task.MaxInFlight)
+		if err != nil {
+			d.log.Error("reload: new sink rejected; the old one stays", "lane", name, "err", err)
+		} else {
+			old := rec.lane.SetSink(sink)
+			rec.sink = sink
+			go closeSink(old) // waits for the calls still running
+		}
+	}
+	rec.cfg = lc
+}
+
+// addLanes starts the lanes of cfg that are not running. d.mu is held.
+func (d *Daemon) addLanes(ctx context.Context, cfg *config.Config) {
 	for name, lc := range cfg.Downstreams {
 		if _, ok := d.lanes[name]; ok {
 			continue
@@ -107,8 +123,6 @@ func (d *Daemon) Reload(ctx context.Context, cfg *config.Config) {
 		rec.lane.Start()
 		d.log.Info("reload: lane added", "lane", name)
 	}
-	d.cfg = cfg
-	d.log.Info("configuration reloaded", "lanes", len(d.lanes))
 }
 
 // Serve starts d and runs it until SIGTERM or SIGINT, then drains: a second

@@ -1,0 +1,283 @@
+package config
+
+// The checks of one lane, section by section (validate.go runs them for
+// each lane, then the rules across lanes).
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// lane checks one lane, section by section: source, bucket, rate, task,
+// dead letter, sink, and the ack-wait warning across them.
+func (v *validator) lane(name string, l Lane) {
+	k := func(rel string) string { return "downstreams." + name + "." + rel }
+	nameOK := laneNameRE.MatchString(name)
+	v.check(nameOK, "downstreams."+name, "lane name must match %s, got %q", laneNamePattern, name)
+
+	v.laneSource(k, nameOK, l)
+	v.laneBucket(k, l)
+	v.laneRate(k, l)
+	v.laneTask(k, l)
+	v.laneDeadLetter(k, nameOK, l)
+	v.sink(name, l)
+	v.dedupWindow(k, l)
+	v.ackWaitWarning(name, l)
+}
+
+// laneSource checks a lane's source keys; k makes a lane key path, nameOK
+// says the lane's name is valid (the consumer's default derives from it).
+func (v *validator) laneSource(k func(string) string, nameOK bool, l Lane) {
+	if l.Source.Stream == "" {
+		v.check(false, k("source.stream"), "required (a JetStream stream name, e.g. CALLBACKS)")
+	} else if why := badName(l.Source.Stream); why != "" {
+		v.check(false, k("source.stream"), "%q is not a valid stream name: %s", l.Source.Stream, why)
+	}
+	v.check(len(l.Source.Subjects) > 0, k("source.subjects"), "at least one subject is required")
+	for i, s := range l.Source.Subjects {
+		key := fmt.Sprintf("%s[%d]", k("source.subjects"), i)
+		if why := badSubject(s); why != "" {
+			v.check(false, key, "%q is not a valid subject: %s", s, why)
+			continue
+		}
+		for j, prev := range l.Source.Subjects[:i] {
+			if badSubject(prev) == "" && subjectsOverlap(s, prev) {
+				v.check(false, key, "%q overlaps %q (source.subjects[%d]): a consumer's filters must not overlap", s, prev, j)
+				break
+			}
+		}
+	}
+	if nameOK {
+		if why := badName(l.Source.Consumer); why != "" {
+			v.check(false, k("source.consumer"), "%q is not a valid consumer name: %s", l.Source.Consumer, why)
+		}
+	}
+	v.check(l.Source.AckWait > 0, k("source.ack_wait"), "must be > 0, got %s", l.Source.AckWait)
+	if l.Source.AckWait > 0 && l.Task.Timeout > 0 && !v.p.skip(k("task.timeout")) {
+		v.check(l.Source.AckWait > l.Task.Timeout, k("source.ack_wait"),
+			"must be longer than task.timeout (%s), got %s: a task would outlive its message's ack deadline",
+			l.Task.Timeout, l.Source.AckWait)
+	}
+	v.check(l.Source.MaxDeliver >= 1 || l.Source.MaxDeliver == -1, k("source.max_deliver"),
+		"must be ≥ 1, or -1 for unlimited, got %d", l.Source.MaxDeliver)
+	v.check(l.Source.MaxAckPending >= 0, k("source.max_ack_pending"),
+		"must be ≥ 0 (0 = derived from the bucket), got %d", l.Source.MaxAckPending)
+	if mapn := l.Source.MaxAckPending; mapn > 0 && l.Task.MaxInFlight > 0 {
+		// The server never hands out more than max_ack_pending messages:
+		// below max_in_flight the task slots can never all be used.
+		v.check(mapn >= l.Task.MaxInFlight, k("source.max_ack_pending"),
+			"must be ≥ task.max_in_flight (%d), got %d: the server would never hand out enough messages to fill the task slots",
+			l.Task.MaxInFlight, mapn)
+		if need := l.Bucket.Capacity + l.Task.MaxInFlight; mapn >= l.Task.MaxInFlight && mapn < need && l.Bucket.Capacity > 0 {
+			v.warn(k("source.max_ack_pending"), "%d is below bucket.capacity + task.max_in_flight (%d): the bucket can never fill", mapn, need)
+		}
+	}
+	v.retention(k, l)
+	v.check(l.Source.MaxMessageBytes >= 0, k("source.max_message_bytes"),
+		"must be ≥ 0 (0 = no limit), got %d", l.Source.MaxMessageBytes)
+}
+
+// laneBucket checks a lane's bucket keys.
+func (v *validator) laneBucket(k func(string) string, l Lane) {
+	v.check(l.Bucket.Capacity >= 1, k("bucket.capacity"), "must be ≥ 1, got %d", l.Bucket.Capacity)
+	overflowOK := l.Bucket.Overflow == OverflowBlock || l.Bucket.Overflow == OverflowReject
+	v.check(overflowOK, k("bucket.overflow"), "must be block or reject, got %q", l.Bucket.Overflow)
+	v.check(l.Bucket.MaxWait >= 0, k("bucket.max_wait"), "must be ≥ 0 (0 = no limit), got %s", l.Bucket.MaxWait)
+	if l.Bucket.MaxWait > 0 && overflowOK && !v.p.skip(k("bucket.overflow")) {
+		v.check(l.Bucket.Overflow == OverflowReject, k("bucket.max_wait"),
+			"only applies with bucket.overflow reject (overflow is %q), got %s", l.Bucket.Overflow, l.Bucket.MaxWait)
+	}
+	v.check(l.Bucket.MaxAge >= 0, k("bucket.max_age"), "must be ≥ 0 (0 = no limit), got %s", l.Bucket.MaxAge)
+}
+
+// laneRate checks a lane's rate keys.
+func (v *validator) laneRate(k func(string) string, l Lane) {
+	limit := float64(l.Rate.Limit)
+	switch {
+	case limit == 0:
+		v.check(false, k("rate.limit"), "required (e.g. 100/s)")
+	case limit < 0 || math.IsNaN(limit) || math.IsInf(limit, 0):
+		v.check(false, k("rate.limit"), "must be positive and finite, got %v", limit)
+	case limit < MinLimit || limit > MaxLimit:
+		// Outside this range the emission interval does not fit the
+		// pacer's arithmetic (time.Duration spans 292 years) or is below
+		// what a pull consumer can feed.
+		v.check(false, k("rate.limit"), "must be between 1/24h and 1000000/s, got %v/s", limit)
+	case limit > 10000:
+		v.warn(k("rate.limit"), "%v/s is above 10,000/s, the highest rate SPEC G1 guarantees: expect small batches and a lower achieved rate", limit)
+	}
+	v.check(l.Rate.Slack >= 0, k("rate.slack"), "must be ≥ 0, got %d", l.Rate.Slack)
+	if limit > 0 && !math.IsInf(limit, 0) && float64(l.Rate.Slack) > limit {
+		// Case C23: the burst adds to the rate; one larger than a second's
+		// worth of departures more than doubles what the downstream sees
+		// in a second after an idle spell.
+		v.warn(k("rate.slack"), "%d is more than the limit allows in one second (%s): after an idle spell "+
+			"the downstream may see slack + 1 departures at once, on top of the rate", l.Rate.Slack, formatRate(limit))
+	}
+	ms := l.Rate.MinSpacing
+	v.check(ms > 0 && ms <= 1, k("rate.min_spacing"), "must be in (0, 1] (intervals; 1.0 = never early), got %v", ms)
+	if ms > 0 && ms < 0.5 {
+		v.warn(k("rate.min_spacing"), "%v lets two departures come within half an interval of each other "+
+			"while lateness is made up; a downstream that judges spacing will see that", ms)
+	}
+	v.check(l.Rate.Warmup.Period >= 0, k("rate.warmup.period"), "must be ≥ 0 (0s = no warmup), got %s", l.Rate.Warmup.Period)
+	cf := l.Rate.Warmup.ColdFactor
+	v.check(cf >= 1 && !math.IsInf(cf, 0), k("rate.warmup.cold_factor"), "must be ≥ 1 and finite, got %v", cf)
+	if l.Rate.Global && !v.p.skip("redis.addr") {
+		v.check(v.c.Redis.Addr != "", k("rate.global"), "true requires redis.addr (global rates are shared through Redis)")
+	}
+}
+
+// laneTask checks a lane's task keys.
+func (v *validator) laneTask(k func(string) string, l Lane) {
+	v.check(l.Task.Timeout > 0, k("task.timeout"), "must be > 0, got %s", l.Task.Timeout)
+	v.check(l.Task.MaxInFlight >= 1, k("task.max_in_flight"), "must be ≥ 1, got %d", l.Task.MaxInFlight)
+	v.check(len(l.Task.Retry.Backoff) > 0, k("task.retry.backoff"), "at least one delay is required")
+	for i, d := range l.Task.Retry.Backoff {
+		v.check(d > 0, fmt.Sprintf("%s[%d]", k("task.retry.backoff"), i), "must be > 0, got %s", d)
+	}
+	v.check(l.Task.Retry.MaxDelay > 0, k("task.retry.max_delay"), "must be > 0, got %s", l.Task.Retry.MaxDelay)
+	v.breaker(k, l.Task.Breaker)
+}
+
+// laneDeadLetter checks a lane's dead-letter subject (derived from a valid
+// lane name when not set).
+func (v *validator) laneDeadLetter(k func(string) string, nameOK bool, l Lane) {
+	if nameOK {
+		if why := badPublishSubject(l.DeadLetter.Subject); why != "" {
+			v.check(false, k("dead_letter.subject"), "%q is not a valid subject: %s", l.DeadLetter.Subject, why)
+		}
+	}
+}
+
+// breaker checks task.breaker (SPEC §3 Breaker); k makes a lane key path.
+func (v *validator) breaker(k func(string) string, b Breaker) {
+	r := b.FailureRatio
+	v.check(r >= 0 && r <= 1, k("task.breaker.failure_ratio"), "must be in [0, 1] (0 = off), got %v", r)
+	v.check(b.MinAttempts >= 1, k("task.breaker.min_attempts"), "must be ≥ 1, got %d", b.MinAttempts)
+	v.check(b.Window > 0, k("task.breaker.window"), "must be > 0, got %s", b.Window)
+	v.check(b.ProbeEvery > 0, k("task.breaker.probe_every"), "must be > 0, got %s", b.ProbeEvery)
+}
+
+func (v *validator) sink(name string, l Lane) {
+	k := func(rel string) string { return "downstreams." + name + ".sink." + rel }
+	s := l.Sink
+	switch s.Kind {
+	case SinkHTTP:
+		v.httpSink(name, s)
+	case SinkNATS:
+		if s.Subject == "" {
+			v.check(false, k("subject"), "required for sink kind nats")
+		} else if why := badPublishSubject(s.Subject); why != "" {
+			v.check(false, k("subject"), "%q is not a valid subject: %s", s.Subject, why)
+		} else {
+			for i, src := range l.Source.Subjects {
+				if badSubject(src) == "" && subjectsOverlap(s.Subject, src) {
+					v.check(false, k("subject"), "%q is matched by source.subjects[%d] %q of the same lane: messages would loop", s.Subject, i, src)
+					break
+				}
+			}
+		}
+	case SinkLog:
+	case "":
+		v.check(false, k("kind"), "required: http, nats or log")
+	default:
+		v.check(false, k("kind"), "must be http, nats or log, got %q", s.Kind)
+	}
+	if s.URL != "" && (s.Kind == SinkNATS || s.Kind == SinkLog) {
+		v.warn(k("url"), "ignored for sink kind %s", s.Kind)
+	}
+	if s.Subject != "" && (s.Kind == SinkHTTP || s.Kind == SinkLog) {
+		v.warn(k("subject"), "ignored for sink kind %s", s.Kind)
+	}
+	v.signing(name, s)         // config/signing.go
+	v.sinkAuthIgnored(name, s) // sink_auth.go
+}
+
+// reservedHeaders are set by the HTTP sink itself or by the HTTP client
+// (see sinks.HTTPConfig); canonical form.
+var reservedHeaders = []string{"Idempotency-Key", "X-Shaper-Subject", "X-Shaper-Delivery",
+	"Content-Length", "Transfer-Encoding", "Trailer", "Connection"}
+
+func (v *validator) httpSink(name string, s Sink) {
+	k := func(rel string) string { return "downstreams." + name + ".sink." + rel }
+	if s.URL == "" {
+		v.check(false, k("url"), "required for sink kind http (an http:// or https:// URL)")
+	} else if hasPlaceholders(s.URL) { // a per-message address: config/urltemplate.go
+		v.urlTemplate(name, s.URL, v.c.Downstreams[name].Source.Subjects)
+	} else if u, err := url.Parse(s.URL); err != nil {
+		v.check(false, k("url"), "%s is not a valid URL", v.show(k("url"), s.URL))
+	} else if u.Scheme == "" {
+		v.check(false, k("url"), "%s has no scheme: want an http:// or https:// URL", v.show(k("url"), s.URL))
+	} else if u.Scheme != "http" && u.Scheme != "https" {
+		v.check(false, k("url"), "%s: scheme must be http or https", v.show(k("url"), s.URL))
+	} else if u.Host == "" {
+		v.check(false, k("url"), "%s has no host", v.show(k("url"), s.URL))
+	}
+	v.check(isToken(s.Method), k("method"), "%q is not a valid HTTP method", s.Method)
+	v.check(len(s.SuccessStatus) > 0, k("success_status"), "at least one status is required (e.g. 2xx)")
+	for i, st := range s.SuccessStatus {
+		v.check(validStatusPattern(st), fmt.Sprintf("%s[%d]", k("success_status"), i),
+			"%q is not a status code 100-599 or a class 1xx-5xx", st)
+	}
+	for i, code := range s.RetryableStatus {
+		v.check(code >= 100 && code <= 599, fmt.Sprintf("%s[%d]", k("retryable_status"), i),
+			"must be a status code 100-599, got %d", code)
+	}
+	headers := make([]string, 0, len(s.Headers))
+	for h := range s.Headers {
+		headers = append(headers, h)
+	}
+	slices.Sort(headers)
+	for _, h := range headers {
+		key := k("headers." + h)
+		canon := http.CanonicalHeaderKey(h)
+		switch {
+		case !isToken(h):
+			v.check(false, key, "%q is not a valid header name", h)
+		case slices.Contains(reservedHeaders, canon) || strings.HasPrefix(canon, "X-Nats-"):
+			v.check(false, key, "%q is reserved: shaper or the HTTP client sets it", canon)
+		case !validHeaderValue(s.Headers[h]):
+			// Never quote the value: it may be a secret.
+			v.check(false, key, "value contains control characters")
+		}
+	}
+	v.sinkAuthTLS(name, s) // sink_auth.go
+}
+
+// ackWaitWarning warns when ack_wait is shorter than the worst-case time a
+// message is held, capacity / rate + task.timeout, with the cold rate
+// limit / cold_factor when warmup is on (SPEC G7).
+func (v *validator) ackWaitWarning(name string, l Lane) {
+	k := func(rel string) string { return "downstreams." + name + "." + rel }
+	rate := float64(l.Rate.Limit)
+	if l.Source.AckWait <= 0 || l.Bucket.Capacity < 1 || l.Task.Timeout <= 0 ||
+		!(rate > 0) || math.IsInf(rate, 0) ||
+		v.p.skip(k("source.ack_wait"), k("bucket.capacity"), k("task.timeout"), k("rate.limit")) {
+		return
+	}
+	rateText := fmt.Sprintf("limit %s", formatRate(rate))
+	if cf := l.Rate.Warmup.ColdFactor; l.Rate.Warmup.Period > 0 && cf >= 1 && !math.IsInf(cf, 0) {
+		rate /= cf
+		rateText = fmt.Sprintf("cold rate %s (limit / cold_factor %v, warmup on)", formatRate(rate), cf)
+	}
+	wait := time.Duration(float64(l.Bucket.Capacity) / rate * float64(time.Second))
+	worst := (wait + l.Task.Timeout).Round(time.Millisecond)
+	if l.Source.AckWait >= worst {
+		return
+	}
+	v.warn(k("source.ack_wait"),
+		"%s is shorter than the worst-case wait %s (capacity %d / %s + task.timeout %s): "+
+			"held messages rely on in-progress acks to avoid redelivery (SPEC G7)",
+		l.Source.AckWait, worst, l.Bucket.Capacity, rateText, l.Task.Timeout)
+}
+
+func formatRate(perSecond float64) string {
+	return strconv.FormatFloat(perSecond, 'g', 4, 64) + "/s"
+}
