@@ -68,6 +68,7 @@ type Daemon struct {
 	adminLn  net.Listener
 	admin    *http.Server
 	draining atomic.Bool
+	started  atomic.Bool // every lane of the first configuration started
 }
 
 // New returns a daemon for cfg (already validated); stdout receives what a
@@ -133,6 +134,11 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if err := d.startControl(ctx); err != nil {
 		return err
 	}
+	// The lanes are built and started under d.mu: /readyz must not see a
+	// half-filled map (it said ready while the lanes were still being
+	// created, before any had started).
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.lanes = map[string]*laneRec{}
 	for _, name := range names {
 		rec, err := d.newLane(ctx, name, d.cfg.Downstreams[name])
@@ -144,6 +150,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	for _, rec := range d.lanes {
 		rec.lane.Start()
 	}
+	d.started.Store(true)
 	d.log.Info("shaper ready", "lanes", len(d.lanes), "nats", config.RedactURL(url)) // credentials masked (issue 12)
 	return nil
 }
@@ -251,13 +258,13 @@ func (d *Daemon) NotReady() string {
 	case d.nc == nil || !d.nc.IsConnected():
 		return "nats not connected"
 	}
+	if !d.started.Load() {
+		return "starting"
+	}
 	if !d.mu.TryLock() {
 		return "reloading"
 	}
 	defer d.mu.Unlock()
-	if d.lanes == nil {
-		return "starting"
-	}
 	for name, why := range d.failed {
 		return "lane " + name + " failed to start: " + why
 	}
