@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/shaper-dev/shaper/shaper"
 )
 
 // Values of bucket.overflow (SPEC §3 Overflow).
@@ -407,6 +409,9 @@ func (v *validator) lane(name string, l Lane) {
 			"only applies with bucket.overflow reject (overflow is %q), got %s", l.Bucket.Overflow, l.Bucket.MaxWait)
 	}
 	v.check(l.Bucket.MaxAge >= 0, k("bucket.max_age"), "must be ≥ 0 (0 = no limit), got %s", l.Bucket.MaxAge)
+	_, fairErr := shaper.FairKeyFunc(l.Bucket.FairKey)
+	v.check(fairErr == nil, k("bucket.fair_key"),
+		`must be "" (one FIFO), a header name or subject:N with N ≥ 0, got %q`, l.Bucket.FairKey)
 
 	// rate
 	limit := float64(l.Rate.Limit)

@@ -52,11 +52,14 @@ func newMemSource(ackWait time.Duration) *memSource {
 }
 
 // publish appends n messages with ids from len(all).
-func (s *memSource) publish(n int) {
+func (s *memSource) publish(n int) { s.publishHeader(n, nil) }
+
+// publishHeader appends n messages with ids from len(all), each with header.
+func (s *memSource) publishHeader(n int, header map[string][]string) {
 	s.mu.Lock()
 	for range n {
 		m := &memMsg{src: s, id: len(s.all), data: fmt.Appendf(nil, "msg-%d", len(s.all)), state: "ready",
-			published: time.Now().Add(-s.publishedAgo)}
+			published: time.Now().Add(-s.publishedAgo), header: header}
 		s.all = append(s.all, m)
 		s.queue = append(s.queue, m)
 	}

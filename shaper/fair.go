@@ -33,6 +33,9 @@ const (
 	FairClassRest = "rest"
 )
 
+// FairClasses lists the key classes, for label values created up front.
+var FairClasses = []string{FairClassTop, FairClassRest}
+
 // FairClass returns the key class recorded when a fair bucket popped m
 // (FairClassTop or FairClassRest), or "" for a FIFO bucket.
 func (m *Message) FairClass() string { return m.fairClass }
