@@ -272,4 +272,3 @@ func TestSVGStructure(t *testing.T) {
 		t.Error("title not escaped")
 	}
 }
-
