@@ -22,16 +22,26 @@ const (
 func (r Result) WriteSVG(w io.Writer, title string) error {
 	rows := r.Seconds()
 	secs := float64(len(rows))
-	maxRate, maxDepth := 1.0, 1.0
+	// The left axis fits the departures and the arrivals but for spikes
+	// (a burst arrives within one second): a second of more than twice the
+	// most departures and the limit is drawn clipped at the top and labelled
+	// with its count.
+	maxRate, maxDepth := math.Max(1, r.Limit), 1.0
 	for _, s := range rows {
-		maxRate = math.Max(maxRate, float64(max(s.Arrived, s.Departed)))
+		maxRate = math.Max(maxRate, float64(s.Departed))
+	}
+	clip := 2 * maxRate
+	for _, s := range rows {
+		if a := float64(s.Arrived); a <= clip {
+			maxRate = math.Max(maxRate, a)
+		}
 	}
 	for _, d := range r.Depth {
 		maxDepth = math.Max(maxDepth, float64(d.Depth))
 	}
-	rateTop, rateStep := niceScale(maxRate)
-	depthTop, depthStep := niceScale(maxDepth)
-	timeTop, timeStep := niceScale(secs)
+	rateTop, rateStep := niceScale(maxRate*1.1, 5)
+	depthTop, depthStep := niceScale(maxDepth*1.1, 5)
+	timeTop, timeStep := niceScale(secs, 8)
 	plotW, plotH := svgW-padL-padR, svgH-padT-padB
 	x := func(sec float64) float64 { return padL + sec/timeTop*plotW }
 	yRate := func(v float64) float64 { return padT + plotH - v/rateTop*plotH }
@@ -74,13 +84,25 @@ func (r Result) WriteSVG(w io.Writer, title string) error {
 		fmt.Fprintf(&b, `<polyline id="%s" fill="none" stroke="%s" stroke-width="1.5"%s points="%s"/>`+"\n", id, color, dash, strings.TrimSpace(p.String()))
 	}
 	var arr, dep, dp [][2]float64
+	var spikes strings.Builder
 	for _, s := range rows {
 		t := float64(s.Second)
-		arr = append(arr, [2]float64{x(t), yRate(float64(s.Arrived))}, [2]float64{x(t + 1), yRate(float64(s.Arrived))})
+		a := math.Min(float64(s.Arrived), rateTop)
+		if a < float64(s.Arrived) {
+			fmt.Fprintf(&spikes, `<text x="%.1f" y="%g" fill="#1f77b4">%d arrived ↑</text>`, x(t)+4, padT+12, s.Arrived)
+		}
+		arr = append(arr, [2]float64{x(t), yRate(a)}, [2]float64{x(t + 1), yRate(a)})
 		dep = append(dep, [2]float64{x(t), yRate(float64(s.Departed))}, [2]float64{x(t + 1), yRate(float64(s.Departed))})
 	}
+	// Depth: the last value in each pixel column (it changes at every
+	// admission and departure).
 	for _, d := range r.Depth {
-		dp = append(dp, [2]float64{x(d.At.Seconds()), yDepth(float64(d.Depth))})
+		pt := [2]float64{math.Round(x(d.At.Seconds())), yDepth(float64(d.Depth))}
+		if n := len(dp); n > 1 && dp[n-1][0] == pt[0] {
+			dp[n-1] = pt
+			continue
+		}
+		dp = append(dp, pt)
 	}
 	if len(dp) > 0 {
 		dp = append(dp, [2]float64{x(secs), dp[len(dp)-1][1]})
@@ -89,6 +111,7 @@ func (r Result) WriteSVG(w io.Writer, title string) error {
 	step("arrivals", arrivalsColor, "", arr)
 	step("departures", departuresColor, "", dep)
 	step("depth", depthColor, ` stroke-dasharray="6 3"`, dp)
+	b.WriteString(spikes.String() + "\n")
 
 	// Legend.
 	fmt.Fprintf(&b, `<g id="legend" transform="translate(%g %g)">`, padL+plotW-250, padT+8)
@@ -107,12 +130,12 @@ func (r Result) WriteSVG(w io.Writer, title string) error {
 }
 
 // niceScale returns an axis top ≥ v and a tick step (1, 2 or 5 × 10^k)
-// giving about five ticks.
-func niceScale(v float64) (top, step float64) {
+// giving about ticks ticks.
+func niceScale(v float64, ticks int) (top, step float64) {
 	if v <= 0 {
 		return 1, 1
 	}
-	raw := v / 5
+	raw := v / float64(ticks)
 	mag := math.Pow(10, math.Floor(math.Log10(raw)))
 	for _, m := range []float64{1, 2, 5, 10} {
 		if step = m * mag; step >= raw {

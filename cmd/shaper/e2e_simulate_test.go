@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -62,5 +63,43 @@ func TestE2ESimulateMatchesDaemon(t *testing.T) {
 		arr[at].at.Sub(arr[0].at).Round(time.Millisecond), res.Departures[at].At-res.Departures[0].At)
 	if worst >= interval {
 		t.Errorf("departure %d: daemon and simulate differ by %v, want under one interval (%v)", at, worst, interval)
+	}
+}
+
+// TestSimulateCommand: the command prints the table and the summary, writes
+// the SVG, and exits 2 on bad usage or an unknown lane.
+func TestSimulateCommand(t *testing.T) {
+	cfg := writeFile(t, "config.yaml", `
+downstreams:
+  p:
+    source: { stream: S, subjects: ["a.>"] }
+    bucket: { capacity: 100, overflow: reject, fair_key: "subject:1" }
+    rate: { limit: 10/s }
+    sink: { kind: log }
+`)
+	trace := writeFile(t, "trace.csv", "time_offset_seconds,key\n0,a\n0,a\n0,b\n0.5,b\n")
+	svg := filepath.Join(t.TempDir(), "out.svg")
+	var out, errb strings.Builder
+	if code := run([]string{"simulate", "-c", cfg, "--lane", "p", "--trace", trace, "--svg", svg}, &out, &errb); code != exitOK {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"fair_key subject:1", "p99 queue wait", "summary: arrived 4, delivered 4, dead letters 0", "worst 1 s window", "wrote " + svg} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if b, err := os.ReadFile(svg); err != nil || !strings.HasPrefix(string(b), "<svg") {
+		t.Errorf("svg: %v", err)
+	}
+	for _, args := range [][]string{
+		{"simulate", "-c", cfg, "--lane", "nope", "--burst", "5"},
+		{"simulate", "-c", cfg, "--lane", "p"},
+		{"simulate", "-c", cfg, "--lane", "p", "--burst", "5", "--trace", trace},
+		{"simulate", "-c", cfg, "--lane", "p", "--burst", "5", "--trickle", "3"},
+		{"simulate", "-c", cfg, "--lane", "p", "--trace", cfg + ".missing"},
+	} {
+		if code := run(args, &out, &errb); code != exitUsage {
+			t.Errorf("%v: exit %d, want 2", args[3:], code)
+		}
 	}
 }
