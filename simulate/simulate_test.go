@@ -79,6 +79,24 @@ func TestRunMaxAge(t *testing.T) {
 	}
 }
 
+// TestRunMaxAgeWhileBlocked: with the one task slot held by a 10 s sink
+// call, the waiting messages are dead-lettered by the 250 ms sweep as they
+// pass max_age, not when the slot frees.
+func TestRunMaxAgeWhileBlocked(t *testing.T) {
+	cfg := lane(10, 100, config.OverflowBlock)
+	cfg.Bucket.MaxAge = 2 * time.Second
+	cfg.Task.MaxInFlight = 1
+	res := Run(cfg, Burst(5, 0, 0), Options{SinkLatency: 10 * time.Second})
+	if len(res.DeadLetters) != 4 {
+		t.Fatalf("%d dead letters, want 4", len(res.DeadLetters))
+	}
+	for _, d := range res.DeadLetters {
+		if d.At < 2*time.Second || d.At > 2250*time.Millisecond {
+			t.Errorf("expired at %v, want between 2 s and the next sweep", d.At)
+		}
+	}
+}
+
 // TestRunWarmup: a cold lane starts at limit / cold_factor.
 func TestRunWarmup(t *testing.T) {
 	cfg := lane(30, 1000, config.OverflowBlock)
