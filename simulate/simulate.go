@@ -246,10 +246,11 @@ func Run(cfg config.Lane, arrivals []Arrival, opt Options) Result {
 		if len(done) > 0 {
 			events = append(events, at(done[0]))
 		}
-		if len(events) == 0 && bucket.Len() == 0 && len(stream) == 0 {
+		if len(events) == 0 {
+			// Nothing left to happen (with a valid config: nothing held).
 			return res
 		}
-		if maxAge > 0 && (bucket.Len() > 0 || len(stream) > 0) || len(events) == 0 {
+		if maxAge > 0 && (bucket.Len() > 0 || len(stream) > 0) {
 			events = append(events, nextSweep)
 		}
 		now = slices.MinFunc(events, func(a, b time.Time) int { return a.Compare(b) })
