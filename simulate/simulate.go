@@ -204,8 +204,10 @@ func Run(cfg config.Lane, arrivals []Arrival, opt Options) Result {
 				fill()
 			}
 		}
-		// The departure loop: expired heads go without a slot.
-		if maxAge > 0 {
+		// The departure loop (awaitHead, popDeliverable): expired heads go
+		// without a departure, looked at while a task slot is free; while
+		// every slot is held only the sweep finds them.
+		if maxAge > 0 && len(done) < slots {
 			expire(bucket.DropHeadWhile(func(m *shaper.Message) bool { return shaper.Expired(m, now, maxAge) }))
 		}
 		sample()
