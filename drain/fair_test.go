@@ -102,8 +102,11 @@ func TestLaneFairKeys(t *testing.T) {
 				t.Fatalf("%d departures in the 1 s from %v, want ≤ 50 (G1)", j-i, at[i].Sub(start))
 			}
 		}
-		if counts[shaper.FairClassRest] != 80 || counts[shaper.FairClassTop] != uint64(perKey["A"]) {
-			t.Errorf("fair queue waits by class %v, want rest 80 (B, C) and top %d (A)", counts, perKey["A"])
+		// A's first departures may find it holding one message (the fetch
+		// is still filling the bucket): "rest" then.
+		if top, rest := counts[shaper.FairClassTop], counts[shaper.FairClassRest]; top+rest != uint64(len(calls)) ||
+			rest < 80 || rest > 82 {
+			t.Errorf("fair queue waits by class %v, want rest 80 (B, C; up to 2 of A's first) and top the rest of %d", counts, len(calls))
 		}
 	})
 }
