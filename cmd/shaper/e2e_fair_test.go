@@ -81,6 +81,10 @@ downstreams:
 	if a, want := float64(perKey["A"]), span*50-80; a < want-0.05*span*50 {
 		t.Errorf("A: %v arrivals in %.1f s, want the rest of 50/s (≈ %.0f)", a, span, want)
 	}
+	n1, _ := maxInWindow(ts, time.Second)
+	n100, _ := maxInWindow(ts, 100*time.Millisecond)
+	t.Logf("most arrivals in a 1 s window %d (bound %d), in 100 ms %d (bound %d)", n1, shapertest.BoundWhole(time.Second, 50, 0),
+		n100, shapertest.BoundAny(100*time.Millisecond, 50, 0, 0.95))
 	assertRate(t, "1s windows", ts, time.Second, shapertest.BoundWhole(time.Second, 50, 0))
 	assertRate(t, "100ms windows", ts, 100*time.Millisecond, shapertest.BoundAny(100*time.Millisecond, 50, 0, 0.95))
 }
