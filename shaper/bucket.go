@@ -59,7 +59,7 @@ func NewFairBucket(capacity int, keyOf func(*Message) string) *Bucket {
 	return &Bucket{
 		capacity: max(1, capacity),
 		keyOf:    keyOf,
-		fq:       newFairQueue(),
+		fq:       newFairQueue(keyOf != nil),
 		nonEmpty: make(chan struct{}, 1),
 		freed:    make(chan struct{}, 1),
 	}

@@ -119,16 +119,38 @@ type fairQueue struct {
 	turn    int         // index in active of the key whose turn it is
 	n       int         // messages held
 	seq     uint64      // admissions so far
-	byCount map[int]int // how many keys hold c messages, for c ≥ 1
+	last    *keyQueue   // the queue found last (one FIFO: the only one)
+	classes bool        // keep byCount and top (a fair bucket: FairClass)
+	byCount []int       // byCount[c]: how many keys hold c messages, for c ≥ 1
 	top     int         // the most messages one key holds
 }
 
-func newFairQueue() fairQueue {
-	return fairQueue{queues: map[string]*keyQueue{}, byCount: map[int]int{}}
+func newFairQueue(classes bool) fairQueue {
+	return fairQueue{queues: map[string]*keyQueue{}, classes: classes}
+}
+
+// queue returns key's queue, or nil when key has none waiting.
+func (f *fairQueue) queue(key string) *keyQueue {
+	if f.last != nil && f.last.key == key {
+		return f.last
+	}
+	q := f.queues[key]
+	if q != nil {
+		f.last = q
+	}
+	return q
+}
+
+// drop forgets q, whose queue emptied.
+func (f *fairQueue) drop(q *keyQueue) {
+	delete(f.queues, q.key)
+	if f.last == q {
+		f.last = nil
+	}
 }
 
 func (f *fairQueue) held(key string) int {
-	if q := f.queues[key]; q != nil {
+	if q := f.queue(key); q != nil {
 		return q.len()
 	}
 	return 0
@@ -148,12 +170,16 @@ func (f *fairQueue) ahead(key string) int {
 }
 
 func (f *fairQueue) count(from, to int) {
+	if !f.classes {
+		return
+	}
 	if from > 0 {
-		if f.byCount[from]--; f.byCount[from] == 0 {
-			delete(f.byCount, from)
-		}
+		f.byCount[from]--
 	}
 	if to > 0 {
+		for to >= len(f.byCount) {
+			f.byCount = append(f.byCount, 0)
+		}
 		f.byCount[to]++
 	}
 	switch {
@@ -165,10 +191,10 @@ func (f *fairQueue) count(from, to int) {
 }
 
 func (f *fairQueue) push(key string, m *Message) {
-	q := f.queues[key]
+	q := f.queue(key)
 	if q == nil {
 		q = &keyQueue{key: key}
-		f.queues[key] = q
+		f.queues[key], f.last = q, q
 		// The tail of the round is just before the key whose turn it is.
 		f.active = slices.Insert(f.active, f.turn, q)
 		if len(f.active) > 1 {
@@ -195,7 +221,7 @@ func (f *fairQueue) pop(advance bool) *Message {
 	q := f.active[f.turn]
 	held := q.len()
 	m := q.items[q.head].m
-	if advance {
+	if advance && f.classes {
 		m.fairClass = FairClassRest
 		if held > 1 && held == f.top {
 			m.fairClass = FairClassTop
@@ -210,7 +236,7 @@ func (f *fairQueue) pop(advance bool) *Message {
 	f.n--
 	f.count(held, held-1)
 	if q.len() == 0 {
-		delete(f.queues, q.key)
+		f.drop(q)
 		f.active = slices.Delete(f.active, f.turn, f.turn+1)
 	} else if advance {
 		f.turn++
@@ -237,7 +263,7 @@ func (f *fairQueue) removeIf(drop func(*Message) bool) []*Message {
 		clear(q.items[len(kept):])
 		q.items = kept
 		if q.len() == 0 {
-			delete(f.queues, q.key)
+			f.drop(q)
 			continue
 		}
 		if turn < 0 && i >= f.turn {
@@ -255,7 +281,8 @@ func (f *fairQueue) removeIf(drop func(*Message) bool) []*Message {
 		return nil
 	}
 	f.n -= len(removed)
-	f.byCount, f.top = map[int]int{}, 0
+	clear(f.byCount)
+	f.top = 0
 	for _, q := range f.active {
 		f.count(0, q.len())
 	}
