@@ -164,6 +164,11 @@ type Bucket struct {
 	// MaxAge dead-letters ("expired") a message older than this at
 	// departure. ≥ 0; 0 (default) = no limit.
 	MaxAge time.Duration `mapstructure:"max_age"`
+	// FairKey turns on fair queueing (SPEC §3 Fairness): "" (default) = one
+	// FIFO; a header name, or subject:N (subject token N from 0), gives each
+	// message its key, and the keys are served by round robin
+	// (shaper.FairKeyFunc). A change restarts the lane on reload.
+	FairKey string `mapstructure:"fair_key"`
 }
 
 // Rate is the pacer's configuration.

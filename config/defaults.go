@@ -86,6 +86,7 @@ func laneDefaults() map[string]any {
 		"bucket.overflow":            DefaultOverflow,
 		"bucket.max_wait":            time.Duration(0),
 		"bucket.max_age":             time.Duration(0),
+		"bucket.fair_key":            "",
 		"rate.slack":                 0,
 		"rate.min_spacing":           DefaultMinSpacing,
 		"rate.warmup.period":         time.Duration(0),

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/shaper-dev/shaper/shaper"
 )
 
 // lane checks one lane, section by section: source, bucket, rate, task,
@@ -94,6 +96,9 @@ func (v *validator) laneBucket(k func(string) string, l Lane) {
 			"only applies with bucket.overflow reject (overflow is %q), got %s", l.Bucket.Overflow, l.Bucket.MaxWait)
 	}
 	v.check(l.Bucket.MaxAge >= 0, k("bucket.max_age"), "must be ≥ 0 (0 = no limit), got %s", l.Bucket.MaxAge)
+	_, fairErr := shaper.FairKeyFunc(l.Bucket.FairKey)
+	v.check(fairErr == nil, k("bucket.fair_key"),
+		`must be "" (one FIFO), a header name or subject:N with N ≥ 0, got %q`, l.Bucket.FairKey)
 }
 
 // laneRate checks a lane's rate keys.

@@ -141,6 +141,9 @@ func (l *Lane) depart(m *shaper.Message, empty bool, ready, now, scheduled time.
 		l.m.Gap.Observe(now.Sub(prev).Seconds())
 	}
 	l.m.QueueWait.Observe(now.Sub(m.Admitted).Seconds())
+	if c := m.FairClass(); c != "" { // bucket.fair_key
+		l.m.FairQueueWait[c].Observe(now.Sub(m.Admitted).Seconds())
+	}
 	l.recent.depart(now, now.Sub(m.Admitted))
 	l.m.BucketDepth.Set(float64(l.bucket.Len()))
 	l.m.InFlight.Inc()

@@ -41,6 +41,7 @@ func (l *Lane) houseLoop() {
 				l.m.Paused.Set(0)
 			}
 			l.m.BucketDepth.Set(float64(l.bucket.Len()))
+			l.m.FairActiveKeys.Set(float64(l.bucket.ActiveKeys()))
 			l.sweepExpired(now, false)
 			l.flushDeadLetterLog(now, false)
 			l.probeIdle(now)

@@ -128,7 +128,7 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 	l := &Lane{
 		name: name, src: src,
 		log:        slog.New(slog.DiscardHandler),
-		bucket:     shaper.NewBucket(cfg.Bucket.Capacity),
+		bucket:     shaper.NewFairBucket(cfg.Bucket.Capacity, fairKey(cfg)),
 		slots:      newSemaphore(cfg.Task.MaxInFlight),
 		inflight:   map[*shaper.Message]struct{}{},
 		wake:       make(chan struct{}, 1),
@@ -161,6 +161,13 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 	return l, nil
 }
 
+// fairKey is the key function of bucket.fair_key (nil: one FIFO); the
+// value was validated.
+func fairKey(cfg config.Lane) func(*shaper.Message) string {
+	f, _ := shaper.FairKeyFunc(cfg.Bucket.FairKey)
+	return f
+}
+
 func pacerConfig(cfg config.Lane) shaper.PacerConfig {
 	return shaper.PacerConfig{
 		Limit:        cfg.Rate.Limit,
@@ -188,12 +195,13 @@ var ErrRestartNeeded = errors.New("drain: this change needs a lane restart")
 // nak'd or redelivered. A smaller capacity only limits new admissions. It
 // returns ErrRestartNeeded, changing nothing, when the source (stream,
 // subjects, consumer, ack_wait, max_ack_pending), the overflow mode, the
-// dead-letter subject or sink.dedup_window changed. The sink is swapped separately (SetSink).
+// dead-letter subject, sink.dedup_window or bucket.fair_key changed. The sink is swapped separately (SetSink).
 func (l *Lane) Update(cfg config.Lane) error {
 	old := l.conf()
 	if !sameSource(old.Source, cfg.Source) || old.Bucket.Overflow != cfg.Bucket.Overflow ||
 		old.DeadLetter != cfg.DeadLetter || old.Rate.Global != cfg.Rate.Global ||
-		old.Sink.DedupWindow != cfg.Sink.DedupWindow { // the store is the lane's (WithDedup)
+		old.Sink.DedupWindow != cfg.Sink.DedupWindow || // the store is the lane's (WithDedup)
+		old.Bucket.FairKey != cfg.Bucket.FairKey { // the bucket's queues are per key
 		return ErrRestartNeeded
 	}
 	l.cfgp.Store(&cfg)

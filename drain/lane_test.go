@@ -874,5 +874,10 @@ func TestLaneUpdateInPlace(t *testing.T) {
 		if err := h.lane.Update(changed); !errors.Is(err, ErrRestartNeeded) {
 			t.Errorf("changing the stream: %v, want ErrRestartNeeded", err)
 		}
+		changed = next
+		changed.Bucket.FairKey = "subject:0"
+		if err := h.lane.Update(changed); !errors.Is(err, ErrRestartNeeded) {
+			t.Errorf("changing bucket.fair_key: %v, want ErrRestartNeeded", err)
+		}
 	})
 }

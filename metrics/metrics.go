@@ -27,6 +27,9 @@ var (
 	DeadLetterReasons = shaper.DeadLetterReasons
 	// RetryReasons label shaper_retries_total.
 	RetryReasons = shaper.RetryReasons
+	// FairClasses label shaper_fair_queue_wait_seconds: "top" (the busiest
+	// key) and "rest", never the key itself (bounded cardinality).
+	FairClasses = shaper.FairClasses
 )
 
 // Metrics holds the metric vectors of all lanes.
@@ -47,6 +50,12 @@ type Metrics struct {
 	Redelivered    *prometheus.CounterVec
 	// BreakerOpen is shaper_breaker_open (SPEC §3 Breaker).
 	BreakerOpen *prometheus.GaugeVec
+	// FairActiveKeys is shaper_fair_active_keys (bucket.fair_key): keys
+	// with messages waiting.
+	FairActiveKeys *prometheus.GaugeVec
+	// FairQueueWait is shaper_fair_queue_wait_seconds{lane,class}: the
+	// queue wait of a fair lane's departures by key class (FairClasses).
+	FairQueueWait *prometheus.HistogramVec
 
 	// ReloadSuccessful is shaper_config_last_reload_successful: 1 when the
 	// last configuration loaded (at start or by a reload: SIGHUP, a change
@@ -170,9 +179,13 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "1 when the last configuration loaded (start, SIGHUP, a change of the file) was valid and applied, 0 when it was rejected and the running one stayed."}),
 		ReloadSuccessTime: f.NewGauge(prometheus.GaugeOpts{Name: "shaper_config_last_reload_success_timestamp_seconds",
 			Help: "Unix time in seconds of the last configuration applied (start or reload)."}),
-		BreakerOpen: f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_breaker_open", Help: "1 while the lane's breaker is open (departures stopped but for probes, or held after a 410 Gone until an operator resumes the lane), else 0."}, lane),
-		reg:         reg,
-		pacing:      map[string]*pacing{},
+		BreakerOpen:    f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_breaker_open", Help: "1 while the lane's breaker is open (departures stopped but for probes, or held after a 410 Gone until an operator resumes the lane), else 0."}, lane),
+		FairActiveKeys: f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_fair_active_keys", Help: "Keys with messages waiting in a fair lane's bucket (bucket.fair_key); 0 or 1 for a FIFO lane."}, lane),
+		FairQueueWait: f.NewHistogramVec(prometheus.HistogramOpts{Name: "shaper_fair_queue_wait_seconds",
+			Help:    "Queue wait of a fair lane's departures in seconds, by key class: top (the key holding the most messages, more than one, when it departed) or rest.",
+			Buckets: QueueWaitBuckets(), NativeHistogramBucketFactor: 1.1, NativeHistogramMaxBucketNumber: 160}, []string{"lane", "class"}),
+		reg:    reg,
+		pacing: map[string]*pacing{},
 	}
 }
 
@@ -233,6 +246,10 @@ type Lane struct {
 	Redelivered    prometheus.Counter
 	// BreakerOpen is 1 while the lane's breaker is open (SPEC §3 Breaker).
 	BreakerOpen prometheus.Gauge
+	// FairActiveKeys is the number of keys waiting (bucket.fair_key).
+	FairActiveKeys prometheus.Gauge
+	// FairQueueWait observes a fair lane's queue waits by key class.
+	FairQueueWait map[string]prometheus.Observer
 	// Lateness observes how late each departure left (SPEC §6).
 	Lateness prometheus.Observer
 	// Gap observes the time between consecutive departures (SPEC §6).
@@ -262,6 +279,11 @@ func (m *Metrics) Lane(name string, limit float64) *Lane {
 		Fallback:       m.Fallback.WithLabelValues(name),
 		Redelivered:    m.Redelivered.WithLabelValues(name),
 		BreakerOpen:    m.BreakerOpen.WithLabelValues(name),
+		FairActiveKeys: m.FairActiveKeys.WithLabelValues(name),
+		FairQueueWait:  map[string]prometheus.Observer{},
+	}
+	for _, c := range FairClasses {
+		l.FairQueueWait[c] = m.FairQueueWait.WithLabelValues(name, c)
 	}
 	for _, o := range DeliveryOutcomes {
 		l.Deliveries[o] = m.Deliveries.WithLabelValues(name, o)
@@ -293,7 +315,7 @@ func (m *Metrics) Remove(name string) {
 	}{
 		m.BucketDepth, m.BucketCapacity, m.RateLimit, m.InFlight, m.Admitted, m.Departures,
 		m.Deliveries, m.DeadLetters, m.Retries, m.QueueWait, m.TaskDuration, m.Paused,
-		m.Fallback, m.Redelivered, m.BreakerOpen,
+		m.Fallback, m.Redelivered, m.BreakerOpen, m.FairActiveKeys, m.FairQueueWait,
 	} {
 		v.DeletePartialMatch(match)
 	}

@@ -23,6 +23,7 @@ func TestSeriesExistFromStart(t *testing.T) {
 		"shaper_lane_paused": 1, "shaper_global_limiter_fallback": 1,
 		"shaper_retries_total": len(RetryReasons), "shaper_redelivered_messages_total": 1,
 		LatenessName: 1, GapName: 1, "shaper_breaker_open": 1,
+		"shaper_fair_active_keys": 1, "shaper_fair_queue_wait_seconds": len(FairClasses),
 	}
 	mfs, err := reg.Gather()
 	if err != nil {

@@ -76,6 +76,8 @@ type Message struct {
 	Touched time.Time
 	// Acker carries the acknowledgement verbs; nil only in tests of pure logic.
 	Acker Acker
+
+	fairClass string // set by a fair Bucket's Pop (FairClass)
 }
 
 // MsgIDHeader is the JetStream de-duplication header; when present it is the

@@ -50,6 +50,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.SetErr(stderr)
 	root.SetArgs(args)
 	root.AddCommand(runCmd(stdout, stderr), validateCmd(stdout, stderr), demoCmd(stdout, stderr), demoDownstreamCmd(stdout), versionCmd(stdout))
+	root.AddCommand(simulateCmd(stdout, stderr))
 	root.AddCommand(operatorCmds(stdout, stderr)...)
 	if err := root.Execute(); err != nil {
 		var ee *exitError

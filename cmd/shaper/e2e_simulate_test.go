@@ -1,0 +1,105 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shaper-dev/shaper/simulate"
+)
+
+// TestE2ESimulateMatchesDaemon keeps `shaper simulate` honest: one trace (a
+// burst of 60, then 10/s for 6 s, on a lane at 20/s: a backlog that drains
+// while the trickle goes on, then departures that follow the arrivals) runs
+// through the daemon, judged at kernel receive timestamps, and through
+// simulate.Run with the daemon's own lane configuration. The k-th departure
+// of each, counted from the first, differ by less than one interval.
+func TestE2ESimulateMatchesDaemon(t *testing.T) {
+	var csv strings.Builder
+	for range 60 {
+		csv.WriteString("0\n")
+	}
+	for i := 1; i <= 60; i++ {
+		fmt.Fprintf(&csv, "%.1f\n", float64(i)/10)
+	}
+	trace, err := simulate.ReadTrace(strings.NewReader(csv.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	down, downURL := newStampedDownstream(t)
+	lane := laneSpec{name: "sim", stream: "E2E_SIM", limit: "20/s", capacity: 1000, maxInFlight: 8,
+		timeout: "5s", backoff: "[1s, 5s, 30s]", sinkURL: downURL}
+	d := startDaemon(t, configYAML("127.0.0.1:0", filepath.Join(t.TempDir(), "nats"), "127.0.0.1:0", "5s", lane))
+	waitReady(t, d.AdminAddr(), 10*time.Second)
+	js := connectJS(t, d.NATSURL())
+
+	start := time.Now()
+	for i, a := range trace {
+		time.Sleep(time.Until(start.Add(a.At)))
+		publishKeyed(t, js, lane.subject(), "m", i, 1)
+	}
+	down.waitDistinct(t, len(trace), 20*time.Second)
+	arr, _ := down.snapshot()
+	d.stop(5 * time.Second)
+
+	res := simulate.Run(d.cfg.Downstreams["sim"], trace, simulate.Options{})
+	if len(res.Departures) != len(trace) || len(arr) != len(trace) {
+		t.Fatalf("simulate departed %d, the daemon delivered %d; want %d each", len(res.Departures), len(arr), len(trace))
+	}
+	interval := 50 * time.Millisecond
+	worst, at := time.Duration(0), 0
+	for k := range arr {
+		daemon := arr[k].at.Sub(arr[0].at)
+		sim := res.Departures[k].At - res.Departures[0].At
+		if diff := (daemon - sim).Abs(); diff > worst {
+			worst, at = diff, k
+		}
+	}
+	t.Logf("largest difference %v at departure %d (daemon %v, simulate %v after the first)", worst, at,
+		arr[at].at.Sub(arr[0].at).Round(time.Millisecond), res.Departures[at].At-res.Departures[0].At)
+	if worst >= interval {
+		t.Errorf("departure %d: daemon and simulate differ by %v, want under one interval (%v)", at, worst, interval)
+	}
+}
+
+// TestSimulateCommand: the command prints the table and the summary, writes
+// the SVG, and exits 2 on bad usage or an unknown lane.
+func TestSimulateCommand(t *testing.T) {
+	cfg := writeFile(t, "config.yaml", `
+downstreams:
+  p:
+    source: { stream: S, subjects: ["a.>"] }
+    bucket: { capacity: 100, overflow: reject, fair_key: "subject:1" }
+    rate: { limit: 10/s }
+    sink: { kind: log }
+`)
+	trace := writeFile(t, "trace.csv", "time_offset_seconds,key\n0,a\n0,a\n0,b\n0.5,b\n")
+	svg := filepath.Join(t.TempDir(), "out.svg")
+	var out, errb strings.Builder
+	if code := run([]string{"simulate", "-c", cfg, "--lane", "p", "--trace", trace, "--svg", svg}, &out, &errb); code != exitOK {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"fair_key subject:1", "p99 queue wait", "summary: arrived 4, delivered 4, dead letters 0", "worst 1 s window", "wrote " + svg} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if b, err := os.ReadFile(svg); err != nil || !strings.HasPrefix(string(b), "<svg") {
+		t.Errorf("svg: %v", err)
+	}
+	for _, args := range [][]string{
+		{"simulate", "-c", cfg, "--lane", "nope", "--burst", "5"},
+		{"simulate", "-c", cfg, "--lane", "p"},
+		{"simulate", "-c", cfg, "--lane", "p", "--burst", "5", "--trace", trace},
+		{"simulate", "-c", cfg, "--lane", "p", "--burst", "5", "--trickle", "3"},
+		{"simulate", "-c", cfg, "--lane", "p", "--trace", cfg + ".missing"},
+	} {
+		if code := run(args, &out, &errb); code != exitUsage {
+			t.Errorf("%v: exit %d, want 2", args[3:], code)
+		}
+	}
+}
