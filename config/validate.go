@@ -440,6 +440,8 @@ func (v *validator) lane(name string, l Lane) {
 	v.check(l.Rate.Warmup.Period >= 0, k("rate.warmup.period"), "must be ≥ 0 (0s = no warmup), got %s", l.Rate.Warmup.Period)
 	cf := l.Rate.Warmup.ColdFactor
 	v.check(cf >= 1 && !math.IsInf(cf, 0), k("rate.warmup.cold_factor"), "must be ≥ 1 and finite, got %v", cf)
+	v.adaptive(k, l.Rate)
+	v.quota(k, l.Rate)
 	if l.Rate.Global && !v.p.skip("redis.addr") {
 		v.check(v.c.Redis.Addr != "", k("rate.global"), "true requires redis.addr (global rates are shared through Redis)")
 	}
