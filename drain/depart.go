@@ -56,6 +56,9 @@ func (l *Lane) departLoop() {
 			if until, held := l.holdUntil(now); held && until.After(at) {
 				at = until // an operator's pause (control.go)
 			}
+			if until, held := l.quotaUntil(now); held && until.After(at) {
+				at = until // rate.quota (quota.go)
+			}
 			if l.unwired != nil {
 				if rate := l.pacer.Rate(now); rate > 0 {
 					bound := max(maxWireWait, shaper.Limit(rate).Interval())
@@ -93,7 +96,8 @@ func (l *Lane) departLoop() {
 		l.mu.Lock()
 		prev := l.lastDeparture
 		l.lastDeparture = now
-		l.pacer.Depart(ready, now)
+		l.pacer.Depart(l.quotaReady(ready, now), now)
+		l.quotaDepart(now)
 		l.breakerDeparts(m, now)
 		if empty {
 			l.pacer.SetBusy(now, false)

@@ -99,6 +99,7 @@ type Lane struct {
 	deadlines     atomic.Bool       // a message with a Shaper-Deadline was admitted (timing.go)
 	dedup         laneDedup         // sink.dedup_window (dedup.go)
 	adapt         laneAdaptive      // rate.adaptive (adaptive.go)
+	quota         laneQuota         // rate.quota (quota.go)
 
 	fetchStop  chan struct{} // closed: stop fetching
 	fetchDone  chan struct{} // closed when the fetch loop returned
@@ -157,6 +158,7 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 	}
 	l.setAdaptive(cfg)
 	l.pacer = shaper.NewPacer(l.pacerConfigNow(cfg, time.Now()), time.Now())
+	l.setQuota(cfg, time.Now())
 	l.brk.b = shaper.NewBreaker(breakerConfig(cfg), time.Now())
 	l.m.BucketCapacity.Set(float64(l.bucket.Capacity()))
 	l.m.RateLimit.Set(l.pacer.Rate(time.Now()))
@@ -215,6 +217,7 @@ func (l *Lane) Update(cfg config.Lane) error {
 		pc.Limit /= shaper.Limit(l.global.hint) // in fallback: stay at limit / replicas_hint
 	}
 	l.pacer.SetConfig(pc, now) // keeps the schedule and the credit (SPEC G2)
+	l.setQuota(cfg, now)
 	l.mu.Unlock()
 	l.bucket.SetCapacity(cfg.Bucket.Capacity)
 	l.slots.setLimit(cfg.Task.MaxInFlight)
