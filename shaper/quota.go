@@ -8,9 +8,10 @@ import (
 // Quota is the sliding-window quota of one lane (SPEC §3 Quota,
 // rate.quota): beside the rate, at most Count departures in any window of
 // Per. It keeps the instants of the last Count departures in a ring; the
-// next departure may leave once the oldest of them is Per behind it, so for
-// any i the departures i and i + Count are at least Per apart, and no window
-// of length Per (half-open, [t, t + Per)) holds more than Count.
+// next departure may leave once the oldest of them is Per + QuotaMargin
+// behind it, so for any i the departures i and i + Count are more than Per
+// apart, and no window of length Per holds more than Count, at departure and
+// at the downstream.
 //
 // Memory: one time.Duration (8 bytes) per departure of the window, allocated
 // as departures happen, at most Count of them (8 MB for a count of
@@ -28,6 +29,13 @@ type Quota struct {
 	ring  []time.Duration // the last min(count, departures) departures; oldest at head once full
 	head  int
 }
+
+// QuotaMargin is what the quota adds to Per between departure i and
+// departure i + Count: 2 ms, so that the windows hold at the downstream too,
+// where each request arrives after its own delay from departure to wire (a
+// write descheduled for 300–430 µs was measured here, see jitterBudget); at
+// a window of 1 s or more it costs under 0.2 % of the quota's time.
+const QuotaMargin = 2 * time.Millisecond
 
 // NewQuota returns a quota of count departures per window of per; start is
 // any instant at or before the first departure. count ≤ 0 or per ≤ 0 never
@@ -57,14 +65,13 @@ func (q *Quota) ordered() []time.Duration {
 func (q *Quota) on() bool { return q.count > 0 && q.per > 0 }
 
 // Next returns the earliest instant at or after now at which one more
-// departure keeps the quota: now while fewer than Count departures lie in
-// the window (now − Per, now], else the instant the oldest of the last
-// Count leaves it.
+// departure keeps the quota: now while fewer than Count departures have
+// been recorded, else Per + QuotaMargin after the oldest of the last Count.
 func (q *Quota) Next(now time.Time) time.Time {
 	if !q.on() || len(q.ring) < q.count {
 		return now
 	}
-	if at := q.base.Add(q.ring[q.head] + q.per); at.After(now) {
+	if at := q.base.Add(q.ring[q.head] + q.per + QuotaMargin); at.After(now) {
 		return at
 	}
 	return now

@@ -10,7 +10,7 @@ import (
 )
 
 func TestQuotaRules(t *testing.T) {
-	s := func(x float64) time.Time { return t0.Add(time.Duration(x * float64(time.Second))) }
+	s := func(x float64) time.Time { return t0.Add(time.Duration(math.Round(x * float64(time.Second)))) }
 	q := NewQuota(3, 10*time.Second, t0)
 	steps := []struct {
 		depart    float64 // departure at this instant (s), < 0 = none
@@ -21,10 +21,10 @@ func TestQuotaRules(t *testing.T) {
 		{-1, 0, 0, 3},
 		{0, 0, 0, 2},
 		{1, 1, 1, 1},
-		{2, 2, 10, 0}, // spent: the oldest (0 s) leaves the window at 10 s
-		{-1, 9.999, 10, 0},
-		{-1, 10, 10, 1}, // the window is (0, 10]: the departure at 0 s is out
-		{10, 10, 11, 0},
+		{2, 2, 10.002, 0}, // spent: 10 s + QuotaMargin after the oldest (0 s)
+		{-1, 9.999, 10.002, 0},
+		{-1, 10.001, 10.002, 1}, // Remaining counts (0.001, 10.001]: the 0 s is out
+		{10.002, 10.002, 11.002, 0},
 		{-1, 12, 12, 2}, // (2, 12] holds only the departure at 10 s
 	}
 	for i, st := range steps {
@@ -54,8 +54,8 @@ func TestQuotaReloadKeepsNewest(t *testing.T) {
 		q.Depart(t0.Add(time.Duration(i) * time.Second))
 	}
 	q.SetConfig(2, 10*time.Second) // the newest two (3 s, 4 s) count
-	if got := q.Next(t0.Add(5 * time.Second)); !got.Equal(t0.Add(13 * time.Second)) {
-		t.Errorf("after shrinking to 2: Next = %v, want 13s", got.Sub(t0))
+	if got := q.Next(t0.Add(5 * time.Second)); !got.Equal(t0.Add(13*time.Second + QuotaMargin)) {
+		t.Errorf("after shrinking to 2: Next = %v, want 13.002s", got.Sub(t0))
 	}
 	q.SetConfig(4, 10*time.Second)
 	if got := q.Remaining(t0.Add(5 * time.Second)); got != 2 {
