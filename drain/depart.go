@@ -233,6 +233,7 @@ func (l *Lane) expire(m *shaper.Message, now time.Time, maxAge time.Duration) {
 func (l *Lane) wired(m *shaper.Message, t time.Time) {
 	l.mu.Lock()
 	moved := l.pacer.Wire(m.Departed, t)
+	l.quotaWired(m.Departed, t) // rate.quota (quota.go)
 	if l.unwired == m {
 		l.unwired = nil
 		moved = true

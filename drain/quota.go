@@ -94,3 +94,11 @@ func (l *Lane) quotaRemaining(now time.Time) int {
 	}
 	return l.quota.q.Remaining(now)
 }
+
+// quotaWired counts the departure at departed from when it reached the wire
+// (l.mu held; see shaper.Quota.Wired).
+func (l *Lane) quotaWired(departed, wired time.Time) {
+	if l.quota.q != nil {
+		l.quota.q.Wired(departed, wired)
+	}
+}

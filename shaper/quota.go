@@ -13,6 +13,9 @@ import (
 // apart, and no window of length Per holds more than Count, at departure and
 // at the downstream.
 //
+// Each departure counts from when its request reached the wire, when the
+// sink reports it (Wired), else from its departure.
+//
 // Memory: one time.Duration (8 bytes) per departure of the window, allocated
 // as departures happen, at most Count of them (8 MB for a count of
 // 1,000,000; config caps count at 10,000,000). A coarser bucketed window
@@ -89,6 +92,33 @@ func (q *Quota) Depart(now time.Time) {
 	}
 	q.ring[q.head] = d
 	q.head = (q.head + 1) % len(q.ring)
+}
+
+// wiredScan is how many of the newest departures Wired looks through: the
+// requests not yet on the wire are among the last max_in_flight departures.
+const wiredScan = 64
+
+// Wired records that the departure which left at departed reached the wire
+// at wired (shaper.WithWire): the quota counts it from then, so that a
+// request that left late — the first one pays its connection's dial — does
+// not let the request Count departures later reach the downstream within
+// Per of it. A departure not among the last wiredScan is left as it was.
+func (q *Quota) Wired(departed, wired time.Time) {
+	n := len(q.ring)
+	if !q.on() || n == 0 || !wired.After(departed) {
+		return
+	}
+	d, w := departed.Sub(q.base), wired.Sub(q.base)
+	for k := 1; k <= min(n, wiredScan); k++ {
+		i := (q.head - k + n) % n
+		if q.ring[i] == d {
+			q.ring[i] = w
+			return
+		}
+		if q.ring[i] < d {
+			return
+		}
+	}
 }
 
 // Remaining returns how many departures the quota allows in the window

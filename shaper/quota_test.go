@@ -132,3 +132,17 @@ func TestQuotaProperty(t *testing.T) {
 		}
 	}
 }
+
+func TestQuotaCountsFromTheWire(t *testing.T) {
+	q := NewQuota(2, 10*time.Second, t0)
+	q.Depart(t0)
+	q.Depart(t0.Add(time.Second))
+	q.Wired(t0, t0.Add(5*time.Millisecond)) // the first request paid a dial
+	if got, want := q.Next(t0.Add(2*time.Second)), t0.Add(10*time.Second+5*time.Millisecond+QuotaMargin); !got.Equal(want) {
+		t.Errorf("Next = %v, want %v (10 s + margin after the first reached the wire)", got.Sub(t0), want.Sub(t0))
+	}
+	q.Wired(t0.Add(7*time.Second), t0.Add(8*time.Second)) // unknown departure: nothing changes
+	if got, want := q.Next(t0.Add(2*time.Second)), t0.Add(10*time.Second+5*time.Millisecond+QuotaMargin); !got.Equal(want) {
+		t.Errorf("after an unknown Wired: Next = %v, want %v", got.Sub(t0), want.Sub(t0))
+	}
+}
