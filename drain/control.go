@@ -205,7 +205,7 @@ type Status struct {
 	Hold *Hold
 	// PausedUntil is when the pause in force ends (zero: until resumed).
 	PausedUntil time.Time
-	// Limit is rate.limit and Rate the rate in force (warmup, pause,
+	// Limit is rate.limit and Rate the rate in force (warmup, pause, quota wait, adaptive rate,
 	// fallback included), in messages per second.
 	Limit, Rate float64
 	// Achieved is the departures per second over the last AchievedWindow.
