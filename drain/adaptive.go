@@ -95,10 +95,8 @@ func (l *Lane) applyAdaptive(now time.Time) {
 	pc.Limit = l.limitNow(*cfg, now)
 	l.pacer.SetConfig(pc, now)
 	l.m.RateLimit.Set(l.pacer.Rate(now))
-	select { // the departure loop re-reads its time at the new rate
-	case l.wake <- struct{}{}:
-	default:
-	}
+	// No wake: the departure loop re-reads Next after its wait, so a
+	// decrease holds from the departure being waited for.
 }
 
 // withRateLimitReport makes the sink report the rate-limit headers of its

@@ -231,3 +231,27 @@ func TestLaneAdaptiveReloadKeepsRate(t *testing.T) {
 		h.stop(time.Millisecond)
 	})
 }
+
+// TestLaneAdaptiveOnlySaturationLowers: a 500 or a timeout says nothing
+// about the pace: the rate stays at the limit; a 503 lowers it.
+func TestLaneAdaptiveOnlySaturationLowers(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		lowers bool
+	}{{500, false}, {502, false}, {503, true}} {
+		synctest.Test(t, func(t *testing.T) {
+			sink := &recSink{behave: func(call) (time.Duration, error) {
+				return 0, &shaper.SinkError{Status: tc.status, Saturated: tc.status == 503}
+			}}
+			h := newHarness(t, adaptiveLane(50, 5), sink)
+			h.src.publish(100)
+			h.lane.Start()
+			time.Sleep(2 * time.Second)
+			rate := h.lane.Status(time.Now()).Rate
+			h.stop(time.Millisecond)
+			if lowered := rate < 50; lowered != tc.lowers {
+				t.Errorf("status %d: rate %.2f/s after 2 s of it, want lowered %v", tc.status, rate, tc.lowers)
+			}
+		})
+	}
+}

@@ -27,6 +27,12 @@ func TestLaneQuota(t *testing.T) {
 		h.lane.Start()
 		time.Sleep(8 * time.Second) // 300 left by 6 s: waiting for the window
 		st := h.lane.Status(time.Now())
+		h.lane.mu.Lock()
+		held := h.lane.pacer.Held()
+		h.lane.mu.Unlock()
+		if !held {
+			t.Errorf("the pacer is not held during the quota wait: the lane would not cool (warmup)")
+		}
 		paused, rate := testutil.ToFloat64(h.m.Paused), testutil.ToFloat64(h.m.RateLimit)
 		if st.State != StatePaused || !st.QuotaWait || st.QuotaRemaining != 0 || st.Rate != 0 || paused != 1 || rate != 0 {
 			t.Errorf("during the quota wait: state %s quota_wait %v remaining %d rate %v; gauges paused %v rate %v",
@@ -54,9 +60,12 @@ func TestLaneQuota(t *testing.T) {
 				t.Errorf("window %d (%ds–%ds) holds %d, want 300 (the quota in full)", w, w*10, w*10+10, n)
 			}
 		}
+		// On the fake clock nothing is late: every gap is the interval,
+		// also after each quota wait (a wait made up as lateness would give
+		// gaps of 0.95 interval; released as credit, a burst).
 		for i := 1; i < len(ts); i++ {
-			if g := ts[i].Sub(ts[i-1]); g < 19*time.Millisecond {
-				t.Fatalf("gap %d = %v at %v, under 0.95 interval (20 ms): a burst", i, g, ts[i].Sub(start))
+			if g := ts[i].Sub(ts[i-1]); g < 20*time.Millisecond {
+				t.Fatalf("gap %d = %v at %v, under the interval (20 ms): the wait was made up", i, g, ts[i].Sub(start))
 			}
 		}
 		if n := maxInWindow(ts, time.Second); n > 51 {
@@ -96,5 +105,42 @@ func TestLaneQuotaOffAndReload(t *testing.T) {
 			t.Errorf("%d calls by 8 s after a reload to 150/10s at 2 s, want 250", n)
 		}
 		_ = start
+	})
+}
+
+// TestLaneQuotaWaitIsNotLateness: the quota's wait is not lateness for the
+// pacer to make up. A lane at 50/s spends its quota of 100 per 5 s by 2 s; a
+// reload lowers the rate to 10/s while it waits; when the window renews the
+// departures leave 100 ms apart from the first one on (made up as
+// lateness, the wait gave gaps of 95 ms for a while: the quota itself
+// replays the 20 ms gaps of the first window, so only the pacer spaces them).
+func TestLaneQuotaWaitIsNotLateness(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink := &recSink{}
+		cfg := laneConfig(50)
+		cfg.Rate.Quota.Count, cfg.Rate.Quota.Per = 100, 5*time.Second
+		h := newHarness(t, cfg, sink)
+		h.src.publish(300)
+		start := time.Now()
+		h.lane.Start()
+		time.Sleep(3 * time.Second)
+		cfg.Rate.Limit = 10
+		if err := h.lane.Update(cfg); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Second)
+		h.stop(time.Millisecond)
+		ts := times(sink.snapshot())
+		if len(ts) < 110 {
+			t.Fatalf("%d calls", len(ts))
+		}
+		if d := ts[100].Sub(start); d != 5*time.Second+shaper.QuotaMargin {
+			t.Errorf("call 101 at %v, want when the first leaves the window (5.002s)", d)
+		}
+		for i := 101; i < len(ts); i++ {
+			if g := ts[i].Sub(ts[i-1]); g < 100*time.Millisecond {
+				t.Fatalf("gap %d after the quota wait = %v, want the interval at 10/s (100 ms): the wait was made up", i, g)
+			}
+		}
 	})
 }
