@@ -201,6 +201,9 @@ func TestE2EAdaptiveSpentBudgetWaitsForReset(t *testing.T) {
 	if g := got[11].at.Sub(next); g < 45*time.Millisecond {
 		t.Errorf("gap after the reset %v, want about one interval (50 ms): no burst", g)
 	}
+	if view.QuotaRemaining != nil {
+		t.Errorf("/v1/lanes quota_remaining %v without a quota, want null", *view.QuotaRemaining)
+	}
 	if paused != 1 || view.State != "paused" || view.PausedUntil == nil {
 		t.Errorf("during the wait: shaper_lane_paused %v, /v1/lanes state %q paused_until %v; want 1, paused, set", paused, view.State, view.PausedUntil)
 	}
