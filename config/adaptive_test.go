@@ -72,3 +72,10 @@ func TestLoad_QuotaThatNeverBindsWarns(t *testing.T) {
 		}
 	}
 }
+
+// TestLoad_AdaptiveG7Warning: the worst-case wait of SPEC G7 uses the
+// lowest rate the adaptive rate may reach: 1000 / 10/s + 5s = 1m45s > 60s.
+func TestLoad_AdaptiveG7Warning(t *testing.T) {
+	_, warns := mustLoad(t, laneYAML("", "rate: {limit: 100/s, adaptive: {min: 10/s}}"))
+	requireWarning(t, warns, lanePfx+"source.ack_wait", "1m45s", "rate.adaptive.min 10/s")
+}
