@@ -187,6 +187,12 @@ type Rate struct {
 	// Global shares Limit across replicas through Redis; needs redis.addr.
 	// Default false.
 	Global bool `mapstructure:"global"`
+	// Adaptive lowers and raises the rate between a minimum and Limit from
+	// the downstream's answers (SPEC §3 Adaptive rate); off by default.
+	Adaptive Adaptive `mapstructure:"adaptive"`
+	// Quota caps the departures of any sliding window beside the rate
+	// (SPEC §3 Quota); off by default.
+	Quota Quota `mapstructure:"quota"`
 }
 
 // Warmup configures the cold-start ramp (SPEC §3 Warmup).

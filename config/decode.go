@@ -149,6 +149,7 @@ func keyFromDecoderName(name string) string {
 var (
 	durationType = reflect.TypeFor[time.Duration]()
 	limitType    = reflect.TypeFor[shaper.Limit]()
+	optLimitType = reflect.TypeFor[OptionalLimit]()
 )
 
 // decodeHook converts every raw value (from YAML, the environment, flags or
@@ -163,6 +164,8 @@ func decodeHook(from, to reflect.Value) (any, error) {
 		return toDuration(data)
 	case limitType:
 		return toLimit(data)
+	case optLimitType:
+		return toOptionalLimit(data)
 	}
 	switch t.Kind() {
 	case reflect.Struct, reflect.Map:
@@ -359,6 +362,8 @@ func describeType(t reflect.Type) string {
 		return "a mapping of lane name to lane"
 	case limitType:
 		return "a rate (N/s, N/m, N/h or a number per second)"
+	case optLimitType:
+		return `a rate (N/s, N/m, N/h or a number per second) or "" (off)`
 	}
 	switch t.Kind() {
 	case reflect.Struct:

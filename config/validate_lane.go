@@ -134,6 +134,8 @@ func (v *validator) laneRate(k func(string) string, l Lane) {
 	v.check(l.Rate.Warmup.Period >= 0, k("rate.warmup.period"), "must be ≥ 0 (0s = no warmup), got %s", l.Rate.Warmup.Period)
 	cf := l.Rate.Warmup.ColdFactor
 	v.check(cf >= 1 && !math.IsInf(cf, 0), k("rate.warmup.cold_factor"), "must be ≥ 1 and finite, got %v", cf)
+	v.adaptive(k, l.Rate)
+	v.quota(k, l.Rate)
 	if l.Rate.Global && !v.p.skip("redis.addr") {
 		v.check(v.c.Redis.Addr != "", k("rate.global"), "true requires redis.addr (global rates are shared through Redis)")
 	}
@@ -258,7 +260,8 @@ func (v *validator) httpSink(name string, s Sink) {
 
 // ackWaitWarning warns when ack_wait is shorter than the worst-case time a
 // message is held, capacity / rate + task.timeout, with the cold rate
-// limit / cold_factor when warmup is on (SPEC G7).
+// limit / cold_factor when warmup is on, and rate.adaptive.min instead of
+// the limit when the adaptive rate is on (SPEC G7).
 func (v *validator) ackWaitWarning(name string, l Lane) {
 	k := func(rel string) string { return "downstreams." + name + "." + rel }
 	rate := float64(l.Rate.Limit)
@@ -268,9 +271,14 @@ func (v *validator) ackWaitWarning(name string, l Lane) {
 		return
 	}
 	rateText := fmt.Sprintf("limit %s", formatRate(rate))
+	lowest := "limit"
+	if min := float64(l.Rate.Adaptive.Min); min > 0 && min < rate {
+		rate, lowest = min, "rate.adaptive.min" // the adaptive rate may fall to its min
+		rateText = fmt.Sprintf("rate.adaptive.min %s", formatRate(rate))
+	}
 	if cf := l.Rate.Warmup.ColdFactor; l.Rate.Warmup.Period > 0 && cf >= 1 && !math.IsInf(cf, 0) {
 		rate /= cf
-		rateText = fmt.Sprintf("cold rate %s (limit / cold_factor %v, warmup on)", formatRate(rate), cf)
+		rateText = fmt.Sprintf("cold rate %s (%s / cold_factor %v, warmup on)", formatRate(rate), lowest, cf)
 	}
 	wait := time.Duration(float64(l.Bucket.Capacity) / rate * float64(time.Second))
 	worst := (wait + l.Task.Timeout).Round(time.Millisecond)

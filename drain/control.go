@@ -83,10 +83,11 @@ func (l *Lane) HoldState(now time.Time) (Hold, bool) {
 }
 
 // syncPacerHold tells the pacer, with l.mu held, whether something holds
-// the lane at now — an operator's hold or an open breaker — so that it cools
-// as if idle and the end of the hold goes through the warmup ramp.
+// the lane at now — an operator's hold, an open breaker or a spent quota
+// (quota.go) — so that it cools as if idle and the end of the hold goes
+// through the warmup ramp.
 func (l *Lane) syncPacerHold(now time.Time) {
-	l.pacer.Hold(now, l.hold.active(now) || l.brk.b.State() != shaper.BreakerClosed)
+	l.pacer.Hold(now, l.hold.active(now) || l.brk.b.State() != shaper.BreakerClosed || l.quota.held)
 }
 
 // holdUntil returns, with l.mu held, the instant before which the hold
@@ -204,7 +205,7 @@ type Status struct {
 	Hold *Hold
 	// PausedUntil is when the pause in force ends (zero: until resumed).
 	PausedUntil time.Time
-	// Limit is rate.limit and Rate the rate in force (warmup, pause,
+	// Limit is rate.limit and Rate the rate in force (warmup, pause, quota wait, adaptive rate,
 	// fallback included), in messages per second.
 	Limit, Rate float64
 	// Achieved is the departures per second over the last AchievedWindow.
@@ -223,6 +224,12 @@ type Status struct {
 	LastError string
 	// Delivered, Nacked and DeadLettered count this process's final verbs.
 	Delivered, Nacked, DeadLettered int64
+	// QuotaRemaining is what rate.quota still allows in the window that
+	// ends now, in messages; -1 when the lane has no quota.
+	QuotaRemaining int
+	// QuotaWait is true while the lane waits for its quota (State paused,
+	// PausedUntil the end of the wait).
+	QuotaWait bool
 }
 
 // Lane states (Status.State).
@@ -248,6 +255,13 @@ func (l *Lane) Status(now time.Time) Status {
 	s.InFlight = len(l.inflight)
 	if until := l.pacer.PausedUntil(); now.Before(until) {
 		s.State, s.PausedUntil = StatePaused, until
+	}
+	s.QuotaRemaining = l.quotaRemaining(now)
+	if l.quota.held && l.quota.end.After(now) {
+		s.State, s.QuotaWait, s.Rate = StatePaused, true, 0
+		if l.quota.end.After(s.PausedUntil) {
+			s.PausedUntil = l.quota.end
+		}
 	}
 	if st := l.brk.b.State(); st != shaper.BreakerClosed {
 		s.State, s.Rate, s.BreakerHeld = StateOpen, 0, st == shaper.BreakerHeld

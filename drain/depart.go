@@ -103,6 +103,9 @@ func (l *Lane) departureAt(now time.Time) time.Time {
 	if until, held := l.holdUntil(now); held && until.After(at) {
 		at = until // an operator's pause (control.go)
 	}
+	if until, held := l.quotaUntil(now); held && until.After(at) {
+		at = until // rate.quota (quota.go)
+	}
 	if l.unwired != nil {
 		if rate := l.pacer.Rate(now); rate > 0 {
 			bound := max(maxWireWait, shaper.Limit(rate).Interval())
@@ -121,7 +124,8 @@ func (l *Lane) depart(m *shaper.Message, empty bool, ready, now, scheduled time.
 	l.mu.Lock()
 	prev := l.lastDeparture
 	l.lastDeparture = now
-	l.pacer.Depart(ready, now)
+	l.pacer.Depart(l.quotaReady(ready, now), now)
+	l.quotaDepart(now)
 	l.breakerDeparts(m, now)
 	if empty {
 		l.pacer.SetBusy(now, false)
@@ -259,6 +263,7 @@ func (l *Lane) expire(m *shaper.Message, now time.Time, maxAge time.Duration) {
 func (l *Lane) wired(m *shaper.Message, t time.Time) {
 	l.mu.Lock()
 	moved := l.pacer.Wire(m.Departed, t)
+	l.quotaWired(m.Departed, t) // rate.quota (quota.go)
 	if l.unwired == m {
 		l.unwired = nil
 		moved = true

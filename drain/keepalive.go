@@ -29,7 +29,7 @@ func (l *Lane) houseLoop() {
 			l.mu.Lock()
 			rate := l.pacer.Rate(now)
 			paused := now.Before(l.pacer.PausedUntil())
-			if _, held := l.holdUntil(now); held {
+			if _, held := l.holdUntil(now); held || l.quota.held { // quota.go
 				paused, rate = true, 0
 			}
 			l.mu.Unlock()

@@ -98,6 +98,8 @@ type Lane struct {
 	brk           laneBreaker       // task.breaker (breaker.go)
 	deadlines     atomic.Bool       // a message with a Shaper-Deadline was admitted (timing.go)
 	dedup         laneDedup         // sink.dedup_window (dedup.go)
+	adapt         laneAdaptive      // rate.adaptive (adaptive.go)
+	quota         laneQuota         // rate.quota (quota.go)
 
 	fetchStop  chan struct{} // closed: stop fetching
 	fetchDone  chan struct{} // closed when the fetch loop returned
@@ -154,7 +156,9 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 	if wr, ok := sink.(WireReporter); ok && wr.ReportsWire() {
 		l.reportsWire = true // a replacement sink is of the same kind (Update)
 	}
-	l.pacer = shaper.NewPacer(pacerConfig(cfg), time.Now())
+	l.setAdaptive(cfg)
+	l.pacer = shaper.NewPacer(l.pacerConfigNow(cfg, time.Now()), time.Now())
+	l.setQuota(cfg, time.Now())
 	l.brk.b = shaper.NewBreaker(breakerConfig(cfg), time.Now())
 	l.m.BucketCapacity.Set(float64(l.bucket.Capacity()))
 	l.m.RateLimit.Set(l.pacer.Rate(time.Now()))
@@ -166,6 +170,14 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 func fairKey(cfg config.Lane) func(*shaper.Message) string {
 	f, _ := shaper.FairKeyFunc(cfg.Bucket.FairKey)
 	return f
+}
+
+// pacerConfigNow is pacerConfig with the adaptive rate in force at now as
+// the limit (adaptive.go). Call with l.mu held, or before the lane starts.
+func (l *Lane) pacerConfigNow(cfg config.Lane, now time.Time) shaper.PacerConfig {
+	pc := pacerConfig(cfg)
+	pc.Limit = l.limitNow(cfg, now)
+	return pc
 }
 
 func pacerConfig(cfg config.Lane) shaper.PacerConfig {
@@ -206,12 +218,14 @@ func (l *Lane) Update(cfg config.Lane) error {
 	}
 	l.cfgp.Store(&cfg)
 	now := time.Now()
-	pc := pacerConfig(cfg)
+	l.mu.Lock()
+	l.setAdaptive(cfg)
+	pc := l.pacerConfigNow(cfg, now)
 	if l.global != nil && l.global.reducedNow.Load() {
 		pc.Limit /= shaper.Limit(l.global.hint) // in fallback: stay at limit / replicas_hint
 	}
-	l.mu.Lock()
 	l.pacer.SetConfig(pc, now) // keeps the schedule and the credit (SPEC G2)
+	l.setQuota(cfg, now)
 	l.mu.Unlock()
 	l.bucket.SetCapacity(cfg.Bucket.Capacity)
 	l.slots.setLimit(cfg.Task.MaxInFlight)
@@ -258,7 +272,7 @@ func (l *Lane) Start() {
 		return
 	}
 	l.mu.Lock()
-	l.pacer = shaper.NewPacer(pacerConfig(*l.conf()), time.Now()) // cold at start
+	l.pacer = shaper.NewPacer(l.pacerConfigNow(*l.conf(), time.Now()), time.Now()) // cold at start
 	l.mu.Unlock()
 	go l.fetchLoop()
 	go l.departLoop()

@@ -29,6 +29,7 @@ func (l *Lane) runTask(m *shaper.Message) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.conf().Task.Timeout)
 	ctx = shaper.WithWire(ctx, func(t time.Time) { l.wired(m, t) })
+	ctx = l.withRateLimitReport(ctx) // rate.adaptive.headers (adaptive.go)
 	start := time.Now()
 	err := l.sinkp.Load().s.Send(ctx, m)
 	took := time.Since(start)
@@ -48,6 +49,7 @@ func (l *Lane) runTask(m *shaper.Message) {
 // settle gives m its final verb for this attempt (SPEC §3, Retries).
 func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
 	l.breakerRecord(m, attemptOf(err, timedOut), err)
+	l.adaptRecord(err, time.Now()) // rate.adaptive (adaptive.go)
 	if err == nil {
 		l.recordDelivered(m) // before the ack (dedup.go)
 		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)

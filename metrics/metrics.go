@@ -162,7 +162,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	return &Metrics{
 		BucketDepth:    f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_bucket_depth_messages", Help: "Messages waiting in the bucket for their departure."}, lane),
 		BucketCapacity: f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_bucket_capacity_messages", Help: "Configured bucket capacity in messages."}, lane),
-		RateLimit:      f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_rate_limit_per_second", Help: "Current effective departure rate in messages per second (warmup, pause and fallback included)."}, lane),
+		RateLimit:      f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_rate_limit_per_second", Help: "Current effective departure rate in messages per second (warmup, pause, adaptive rate and fallback included)."}, lane),
 		InFlight:       f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_in_flight_tasks", Help: "Tasks (sink calls) running now."}, lane),
 		Admitted:       f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_admitted_messages_total", Help: "Messages admitted into the bucket."}, lane),
 		Departures:     f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_departures_total", Help: "Messages that left the bucket and became a task."}, lane),
@@ -172,7 +172,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		QueueWait: f.NewHistogramVec(prometheus.HistogramOpts{Name: "shaper_queue_wait_seconds", Help: "Time from admission into the bucket to departure, in seconds.",
 			Buckets: QueueWaitBuckets(), NativeHistogramBucketFactor: 1.1, NativeHistogramMaxBucketNumber: 160}, lane),
 		TaskDuration: f.NewHistogramVec(prometheus.HistogramOpts{Name: "shaper_task_duration_seconds", Help: "Sink call duration in seconds, by outcome: success, error, timeout.", Buckets: prometheus.DefBuckets}, []string{"lane", "outcome"}),
-		Paused:       f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_lane_paused", Help: "1 while the lane's departures are paused: a downstream's Retry-After, or an operator's pause."}, lane),
+		Paused:       f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_lane_paused", Help: "1 while the lane's departures are paused: a downstream's Retry-After or spent rate-limit budget, a spent quota, or an operator's pause."}, lane),
 		Fallback:     f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_global_limiter_fallback", Help: "1 while Redis is unreachable and the lane paces locally at limit/replicas_hint."}, lane),
 		Redelivered:  f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_redelivered_messages_total", Help: "Messages received with a delivery count above 1."}, lane),
 		ReloadSuccessful: f.NewGauge(prometheus.GaugeOpts{Name: "shaper_config_last_reload_successful",

@@ -368,6 +368,11 @@ func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
 		}
 		return retryable(what, cause)
 	}
+	if report := shaper.RateLimitReportFrom(ctx); report != nil { // rate.adaptive.headers
+		if info, ok := ParseRateLimit(resp.Header, s.now()); ok {
+			report(info)
+		}
+	}
 	return s.classify(what, resp)
 }
 

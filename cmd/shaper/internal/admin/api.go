@@ -34,6 +34,9 @@ type LaneView struct {
 	LastError   string     `json:"last_error"`
 	// QueueWaitP99 is the p99 of the last departures' queue waits, seconds.
 	QueueWaitP99 float64 `json:"queue_wait_p99_seconds"`
+	// QuotaRemaining is what rate.quota still allows in the sliding window
+	// ending now, in messages; null when the lane has no quota.
+	QuotaRemaining *int `json:"quota_remaining"`
 }
 
 // PauseRequest is the body of POST /v1/lanes/{lane}/pause.

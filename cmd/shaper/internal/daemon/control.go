@@ -139,6 +139,10 @@ func (d *Daemon) Lane(ctx context.Context, name string) (admin.LaneView, error) 
 	v := admin.LaneView{Lane: name, State: st.State, Limit: st.Limit, Rate: st.Rate, Achieved: st.Achieved,
 		Depth: st.Depth, Capacity: st.Capacity, InFlight: st.InFlight, LastError: redactError(st.LastError),
 		QueueWaitP99: st.QueueWaitP99.Seconds()}
+	if st.QuotaRemaining >= 0 {
+		q := st.QuotaRemaining
+		v.QuotaRemaining = &q
+	}
 	if st.State == drain.StatePaused && !st.PausedUntil.IsZero() {
 		u := st.PausedUntil
 		v.PausedUntil = &u
@@ -154,6 +158,8 @@ func (d *Daemon) Lane(ctx context.Context, name string) (admin.LaneView, error) 
 		if v.PauseReason == "" {
 			v.PauseReason = "operator"
 		}
+	} else if st.State == drain.StatePaused && st.QuotaWait {
+		v.PauseReason = "quota spent"
 	} else if st.State == drain.StatePaused {
 		v.PauseReason = "downstream Retry-After"
 	}
@@ -198,7 +204,10 @@ func (d *Daemon) Resume(ctx context.Context, name string) error {
 	now := time.Now()
 	_, held := rec.lane.HoldState(now)
 	open, _ := rec.lane.BreakerOpen()
-	if st := rec.lane.Status(now); !held && !open && st.State == drain.StatePaused {
+	if st := rec.lane.Status(now); !held && !open && st.State == drain.StatePaused && st.QuotaWait {
+		return fmt.Errorf("%w: lane %q waits for its quota (rate.quota) until %s; resume ends only an operator's pause or an open breaker",
+			admin.ErrConflict, name, st.PausedUntil.Format(time.RFC3339))
+	} else if !held && !open && st.State == drain.StatePaused {
 		return fmt.Errorf("%w: lane %q is paused by the downstream's Retry-After until %s; resume ends only an operator's pause or an open breaker",
 			admin.ErrConflict, name, st.PausedUntil.Format(time.RFC3339))
 	}
