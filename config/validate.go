@@ -396,6 +396,7 @@ func (v *validator) lane(name string, l Lane) {
 	v.retention(k, l)
 	v.check(l.Source.MaxMessageBytes >= 0, k("source.max_message_bytes"),
 		"must be ≥ 0 (0 = no limit), got %d", l.Source.MaxMessageBytes)
+	v.standby(k, l)
 
 	// bucket
 	v.check(l.Bucket.Capacity >= 1, k("bucket.capacity"), "must be ≥ 1, got %d", l.Bucket.Capacity)
@@ -467,6 +468,20 @@ func (v *validator) lane(name string, l Lane) {
 }
 
 // breaker checks task.breaker (SPEC §3 Breaker); k makes a lane key path.
+// standby checks source.standby (SPEC §3 Standby): the replicas must share
+// one NATS server for their priority group to mean anything.
+func (v *validator) standby(k func(string) string, l Lane) {
+	if !l.Source.Standby {
+		return
+	}
+	if v.c.NATS.URL == "" {
+		v.warn(k("source.standby"), "is true with the embedded NATS server (nats.url empty): every replica has a server of its own, so no other replica can take over")
+	}
+	if l.Rate.Global {
+		v.warn(k("source.standby"), "is true with rate.global: only the active replica departs, so the shared Redis schedule adds a round trip per lease and nothing else (docs/scaling.md)")
+	}
+}
+
 func (v *validator) breaker(k func(string) string, b Breaker) {
 	r := b.FailureRatio
 	v.check(r >= 0 && r <= 1, k("task.breaker.failure_ratio"), "must be in [0, 1] (0 = off), got %v", r)

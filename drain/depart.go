@@ -41,6 +41,7 @@ func (l *Lane) departLoop() {
 		ready := time.Now()
 		now := ready
 		scheduled := now // the instant the departure was due (lateness metric)
+		l.takeover(now)  // source.standby (standby.go)
 		// 3. The pacer's time. A pause (Retry-After) wakes the wait.
 		for {
 			// While the breaker is open only its probe leaves (breaker.go).
