@@ -93,3 +93,17 @@ func (s *Sentinel) Failover(masterName string) {
 		s.t.Fatalf("SENTINEL FAILOVER %s: %v", masterName, got)
 	}
 }
+
+// KnowsReplica reports whether the sentinel lists replica (host:port) as a
+// replica of masterName that is not down.
+func (s *Sentinel) KnowsReplica(masterName, replica string) bool {
+	s.t.Helper()
+	lines := do(s.t, s.Addr, "SENTINEL", "REPLICAS", masterName)
+	host, port, _ := strings.Cut(replica, ":")
+	for i := 0; i+2 < len(lines); i++ {
+		if lines[i] == "name" && lines[i+2] == host+":"+port {
+			return true
+		}
+	}
+	return false
+}
