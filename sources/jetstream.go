@@ -179,6 +179,10 @@ func (s *JetStream) bind(ctx context.Context) error {
 		s.bound.Store(false)
 		return fmt.Errorf("consumer %q on stream %q: %w", s.cfg.Durable, s.cfg.Stream, err)
 	}
+	if err := s.standbyKept(c.CachedInfo().Config); err != nil {
+		s.bound.Store(false)
+		return err
+	}
 	s.cons.Store(&c)
 	s.bound.Store(true)
 	return nil

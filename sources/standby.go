@@ -3,6 +3,8 @@ package sources
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -48,6 +50,22 @@ func (s *JetStream) standby(cc *jetstream.ConsumerConfig) {
 	cc.PriorityPolicy = jetstream.PriorityPolicyPinned
 	cc.PriorityGroups = []string{StandbyGroup}
 	cc.PinnedTTL = StandbyPinnedTTL
+}
+
+// ErrStandbyUnsupported: the server did not keep the pinned-client policy
+// of a standby lane's consumer (nats-server before 2.11 drops the fields it
+// does not know), so every replica would receive messages and deliver.
+var ErrStandbyUnsupported = errors.New("source.standby needs nats-server 2.11 or later: the server did not keep the consumer's pinned-client priority policy")
+
+// standbyKept checks the consumer config the server answered with.
+func (s *JetStream) standbyKept(got jetstream.ConsumerConfig) error {
+	if !s.cfg.Standby {
+		return nil
+	}
+	if got.PriorityPolicy != jetstream.PriorityPolicyPinned || !slices.Contains(got.PriorityGroups, StandbyGroup) {
+		return fmt.Errorf("consumer %q on stream %q: %w", s.cfg.Durable, s.cfg.Stream, ErrStandbyUnsupported)
+	}
+	return nil
 }
 
 // fetchOpts are the options of every pull: the priority group of a

@@ -2,6 +2,7 @@ package sources
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -180,5 +181,58 @@ func TestStandbyOneActiveAndTakeover(t *testing.T) {
 	t.Logf("takeover after %v (StandbyTakeover %v)", taken.Round(time.Millisecond), StandbyTakeover)
 	if taken > StandbyTakeover {
 		t.Errorf("takeover took %v, more than StandbyTakeover %v", taken, StandbyTakeover)
+	}
+}
+
+// TestStandbyOnExistingConsumer: turning source.standby on for a lane
+// whose durable consumer exists (created without it) updates the consumer
+// to the pinned-client policy, and turning it off again removes it.
+func TestStandbyOnExistingConsumer(t *testing.T) {
+	js := testJetStream(t)
+	ctx := context.Background()
+	cfg := JetStreamConfig{Stream: "SB2", Subjects: []string{"sb2.>"}, Durable: "shaper-sb2", AckWait: 30 * time.Second}
+	if _, err := NewJetStream(ctx, js, cfg, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, standby := range []bool{true, false} {
+		cfg.Standby = standby
+		if _, err := NewJetStream(ctx, js, cfg, nil); err != nil {
+			t.Fatalf("standby %v on the existing consumer: %v", standby, err)
+		}
+		c, err := js.Consumer(ctx, "SB2", "shaper-sb2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := c.CachedInfo().Config
+		pinned := got.PriorityPolicy == jetstream.PriorityPolicyPinned
+		if pinned != standby {
+			t.Errorf("standby %v: consumer priority policy %v, groups %v", standby, got.PriorityPolicy, got.PriorityGroups)
+		}
+		if standby && (got.PinnedTTL != StandbyPinnedTTL || len(got.PriorityGroups) != 1 || got.PriorityGroups[0] != StandbyGroup) {
+			t.Errorf("standby consumer: PinnedTTL %v, groups %v", got.PinnedTTL, got.PriorityGroups)
+		}
+	}
+}
+
+// TestStandbyKept: a standby lane fails when the server answered with a
+// consumer without the pinned-client policy (a server before 2.11); other
+// lanes do not care.
+func TestStandbyKept(t *testing.T) {
+	pinned := jetstream.ConsumerConfig{PriorityPolicy: jetstream.PriorityPolicyPinned, PriorityGroups: []string{StandbyGroup}}
+	for _, tc := range []struct {
+		standby bool
+		got     jetstream.ConsumerConfig
+		fail    bool
+	}{
+		{standby: true, got: pinned},
+		{standby: true, got: jetstream.ConsumerConfig{}, fail: true},
+		{standby: true, got: jetstream.ConsumerConfig{PriorityPolicy: jetstream.PriorityPolicyPinned}, fail: true},
+		{standby: false, got: jetstream.ConsumerConfig{}},
+	} {
+		s := &JetStream{cfg: JetStreamConfig{Standby: tc.standby, Durable: "d", Stream: "S"}}
+		err := s.standbyKept(tc.got)
+		if (err != nil) != tc.fail || (err != nil && !errors.Is(err, ErrStandbyUnsupported)) {
+			t.Errorf("standby %v, server config %+v: err %v, want failure %v", tc.standby, tc.got, err, tc.fail)
+		}
 	}
 }
