@@ -227,6 +227,7 @@ func TestStandbyKept(t *testing.T) {
 		{standby: true, got: pinned},
 		{standby: true, got: jetstream.ConsumerConfig{}, fail: true},
 		{standby: true, got: jetstream.ConsumerConfig{PriorityPolicy: jetstream.PriorityPolicyPinned}, fail: true},
+		{standby: true, got: jetstream.ConsumerConfig{PriorityGroups: []string{StandbyGroup}}, fail: true},
 		{standby: false, got: jetstream.ConsumerConfig{}},
 	} {
 		s := &JetStream{cfg: JetStreamConfig{Standby: tc.standby, Durable: "d", Stream: "S"}}
