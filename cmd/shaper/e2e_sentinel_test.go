@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,6 +54,26 @@ downstreams:
 		children = append(children, startChild(t, rig.bin, "run", "-c", writeFile(t, "replica"+strconv.Itoa(i)+".yaml", cfg)))
 		waitReady(t, admin, 20*time.Second)
 	}
+	// Each replica shows its own fallback on its /metrics: poll the gauges.
+	sawFallback := make([]atomic.Bool, len(admins))
+	stopPoll := make(chan struct{})
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		for {
+			select {
+			case <-stopPoll:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			for i, a := range admins {
+				if _, body, err := httpGet("http://" + a + "/metrics"); err == nil &&
+					strings.Contains(body, `shaper_global_limiter_fallback{lane="`+chaosLaneName+`"} 1`) {
+					sawFallback[i].Store(true)
+				}
+			}
+		}
+	}()
 	const n = 1200
 	rig.publish("r", n)
 	began := time.Now()
@@ -83,10 +104,15 @@ downstreams:
 	if !down.awaitDelivered(n, 60*time.Second) {
 		t.Fatalf("only %d of %d delivered", down.delivered(), n)
 	}
+	close(stopPoll)
+	<-polled
 	var fallback []string
 	for i, c := range children {
-		fallback = append(fallback, fmt.Sprintf("replica %d: %d fallback lines", i,
-			strings.Count(c.stderrText(), "global rate unavailable")))
+		lines := strings.Count(c.stderrText(), "global rate unavailable")
+		fallback = append(fallback, fmt.Sprintf("replica %d: %d fallback lines, gauge seen %v", i, lines, sawFallback[i].Load()))
+		if lines == 0 || !sawFallback[i].Load() {
+			t.Errorf("replica %d: fallback logged %d times, gauge at 1 seen %v: each replica's fallback must be logged and shown", i, lines, sawFallback[i].Load())
+		}
 	}
 	for _, c := range children {
 		stopShaper(t, c, 15*time.Second)
