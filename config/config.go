@@ -150,6 +150,11 @@ type Source struct {
 	MaxMessageBytes int `mapstructure:"max_message_bytes"`
 	// Retention limits the stream when shaper creates it (config/retention.go).
 	Retention Retention `mapstructure:"retention"`
+	// Standby makes the replicas of the lane a NATS priority group with a
+	// pinned client (SPEC §3 Standby, nats-server 2.11+): one replica paces
+	// and delivers, the others hold nothing and take over within
+	// sources.StandbyTakeover when it stops or dies. Default false.
+	Standby bool `mapstructure:"standby"`
 }
 
 // Bucket is the bounded FIFO of a lane.

@@ -79,6 +79,7 @@ func laneDefaults() map[string]any {
 		"source.max_deliver":         DefaultMaxDeliver,
 		"source.max_ack_pending":     0,
 		"source.max_message_bytes":   0,
+		"source.standby":             false,
 		"source.retention.kind":      DefaultRetentionKind,
 		"source.retention.max_age":   DefaultRetentionMaxAge,
 		"source.retention.max_bytes": int64(0),

@@ -103,6 +103,10 @@ func TestLoad_RedisBroken(t *testing.T) {
 			key: "redis.addr", want: []string{"redis or rediss"}},
 		{name: "unset password env", text: laneYAML("redis: {addr: '127.0.0.1:6379', password: '${SHAPER_TEST_UNSET_REDIS_PW}'}"),
 			key: "redis.password", want: []string{"${SHAPER_TEST_UNSET_REDIS_PW}", "not set"}},
+		{name: "sentinel without addresses", text: laneYAML("redis: {master_name: mymaster}"),
+			key: "redis.master_name", want: []string{"sentinels"}},
+		{name: "sentinel and cluster", text: laneYAML("redis: {addr: '10.0.0.1:26379', master_name: mymaster, cluster: true}"),
+			key: "redis.master_name", want: []string{"redis.cluster"}},
 		{name: "unknown redis key", text: laneYAML("redis: {adress: '127.0.0.1:6379'}"),
 			key: "redis.adress", want: []string{"unknown key"}},
 	})

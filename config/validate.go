@@ -270,6 +270,10 @@ func (v *validator) redis() {
 	if r.DB > 0 && r.MasterName == "" && (r.Cluster || strings.Contains(r.Addr, ",")) {
 		v.check(false, "redis.db", "must be 0 with a Redis Cluster (several addresses or redis.cluster true), got %d", r.DB)
 	}
+	if r.MasterName != "" { // Sentinel (docs/scaling.md)
+		v.check(r.Addr != "", "redis.master_name", "needs redis.addr listing the sentinels (host:port of each)")
+		v.check(!r.Cluster, "redis.master_name", "cannot be used with redis.cluster true: Sentinel and Redis Cluster exclude each other")
+	}
 	v.check(r.Timeout > 0, "redis.timeout", "must be > 0, got %s", r.Timeout)
 	if r.Timeout > time.Second {
 		v.warn("redis.timeout", "%s is long: a departure of a global lane waits up to this long for Redis before the lane falls back to local pacing", r.Timeout)

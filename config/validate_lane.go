@@ -83,6 +83,7 @@ func (v *validator) laneSource(k func(string) string, nameOK bool, l Lane) {
 	v.retention(k, l)
 	v.check(l.Source.MaxMessageBytes >= 0, k("source.max_message_bytes"),
 		"must be ≥ 0 (0 = no limit), got %d", l.Source.MaxMessageBytes)
+	v.standby(k, l)
 }
 
 // laneBucket checks a lane's bucket keys.
@@ -160,6 +161,20 @@ func (v *validator) laneDeadLetter(k func(string) string, nameOK bool, l Lane) {
 		if why := badPublishSubject(l.DeadLetter.Subject); why != "" {
 			v.check(false, k("dead_letter.subject"), "%q is not a valid subject: %s", l.DeadLetter.Subject, why)
 		}
+	}
+}
+
+// standby checks source.standby (SPEC §3 Standby): the replicas must share
+// one NATS server for their priority group to mean anything.
+func (v *validator) standby(k func(string) string, l Lane) {
+	if !l.Source.Standby {
+		return
+	}
+	if v.c.NATS.URL == "" {
+		v.warn(k("source.standby"), "is true with the embedded NATS server (nats.url empty): every replica has a server of its own, so no other replica can take over")
+	}
+	if l.Rate.Global {
+		v.warn(k("source.standby"), "is true with rate.global: only the active replica departs, so the shared Redis schedule adds a round trip per lease and nothing else (docs/scaling.md)")
 	}
 }
 

@@ -67,6 +67,7 @@ func (l *Lane) awaitDepartureTime(ctx context.Context) (ready, now, scheduled ti
 	ready = time.Now()
 	now = ready
 	scheduled = now // the instant the departure was due (lateness metric)
+	l.takeover(now) // source.standby (standby.go)
 	for {
 		// While the breaker is open only its probe leaves (breaker.go).
 		if waited, ok := l.awaitBreaker(ctx); !ok {

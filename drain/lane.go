@@ -100,6 +100,7 @@ type Lane struct {
 	dedup         laneDedup         // sink.dedup_window (dedup.go)
 	adapt         laneAdaptive      // rate.adaptive (adaptive.go)
 	quota         laneQuota         // rate.quota (quota.go)
+	standby       laneStandby       // source.standby (standby.go)
 
 	fetchStop  chan struct{} // closed: stop fetching
 	fetchDone  chan struct{} // closed when the fetch loop returned
@@ -274,9 +275,15 @@ func (l *Lane) Start() {
 	l.mu.Lock()
 	l.pacer = shaper.NewPacer(l.pacerConfigNow(*l.conf(), time.Now()), time.Now()) // cold at start
 	l.mu.Unlock()
+	if pk, ok := l.src.(PinKeeper); ok && pk.Standby() {
+		l.standby = laneStandby{pins: pk, done: make(chan struct{})}
+	}
 	go l.fetchLoop()
 	go l.departLoop()
 	go l.houseLoop()
+	if l.standby.pins != nil {
+		go l.pinLoop()
+	}
 	l.log.Info("lane started", "limit", l.conf().Rate.Limit.String(), "capacity", l.conf().Bucket.Capacity,
 		"max_in_flight", l.conf().Task.MaxInFlight, "overflow", l.conf().Bucket.Overflow)
 }
@@ -333,6 +340,9 @@ func (l *Lane) Drain(ctx context.Context) Summary {
 	l.tasks.Wait()
 	close(l.houseStop)
 	<-l.houseDone
+	if l.standby.done != nil {
+		<-l.standby.done
+	}
 	l.stopped.Store(true)
 	s := Summary{
 		Delivered:    l.delivered.Load() - d0,

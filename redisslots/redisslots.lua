@@ -2,9 +2,10 @@
 -- See sources/redisslots.go and docs/scaling.md.
 --
 -- KEYS[1]  the lane's hash "{<prefix>:<lane>}:schedule" with fields
---          tat   (theoretical time of the next free slot) and
---          pause (end of the shared pause),
---          both in microseconds of this server's clock, as decimal text.
+--          tat   (theoretical time of the next free slot),
+--          pause (end of the shared pause) and
+--          seen  (the server's now at the last reserve or pause),
+--          all in microseconds of this server's clock, as decimal text.
 -- ARGV[1]  "reserve" or "pause".
 --
 -- reserve  ARGV[2] interval in microseconds (> 0, may have a fraction)
@@ -36,9 +37,25 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 if ARGV[1] == 'time' then
   return {string.format('%.0f', now), string.format('%.0f', now)}
 end
-local st = redis.call('HMGET', key, 'tat', 'pause')
+local st = redis.call('HMGET', key, 'tat', 'pause', 'seen')
 local tat = tonumber(st[1]) or 0
 local pause = tonumber(st[2]) or 0
+local seen = tonumber(st[3]) or 0
+-- The server's clock never goes back by itself: now < seen means it was
+-- stepped back (NTP, an operator, a failover to a server whose clock is
+-- behind). Move the schedule back by the step, so that it goes on from
+-- where it was instead of holding every replica for the step's length. (A
+-- step forward looks like idle time: the schedule then frees at most
+-- 1 + slack slots at once, as a fresh key does.)
+if seen > now then
+  local step = seen - now
+  tat = tat - step
+  if pause > 0 then pause = pause - step end
+end
+local function save()
+  redis.call('HSET', key, 'tat', string.format('%.3f', tat), 'pause', string.format('%.3f', pause),
+    'seen', string.format('%.0f', now))
+end
 
 local function keep()
   -- A schedule whose tat and pause are in the past is the same as no
@@ -53,8 +70,8 @@ if ARGV[1] == 'pause' then
   if not d or d <= 0 then return redis.error_reply('ERR shaper: bad pause length') end
   if now + d > pause then
     pause = now + d
-    redis.call('HSET', key, 'pause', string.format('%.3f', pause))
   end
+  save()
   keep()
   return {string.format('%.3f', pause), string.format('%.0f', now)}
 end
@@ -69,6 +86,6 @@ if not iv or iv <= 0 or not k or k < 1 or not slack or slack < 0 or not lag or l
 end
 local start = math.max(tat, pause, now - math.max(slack * iv, lag))
 tat = start + k * iv
-redis.call('HSET', key, 'tat', string.format('%.3f', tat))
+save()
 keep()
 return {string.format('%.3f', start), string.format('%.0f', now), string.format('%.3f', pause)}

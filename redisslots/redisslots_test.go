@@ -3,9 +3,11 @@ package redisslots
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -231,6 +233,9 @@ func TestRedisScriptReloadAfterFlush(t *testing.T) {
 	if got := rd.Do("SCRIPT", "FLUSH"); got != "+OK" {
 		t.Fatalf("SCRIPT FLUSH: %q", got)
 	}
+	if got := rd.Do("CONFIG", "RESETSTAT"); got != "+OK" {
+		t.Fatalf("CONFIG RESETSTAT: %q", got)
+	}
 	s1, err := ls.Reserve(ctx, slotReq(interval(100)))
 	if err != nil {
 		t.Fatalf("Reserve after SCRIPT FLUSH: %v", err)
@@ -241,6 +246,31 @@ func TestRedisScriptReloadAfterFlush(t *testing.T) {
 	}
 	if d := s2.Sub(s1); d < 9900*time.Microsecond || d > 10100*time.Microsecond {
 		t.Errorf("slots %v apart after the reload, want 10ms", d)
+	}
+	for range 20 {
+		if _, err := ls.Reserve(ctx, slotReq(interval(100))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Reloaded once, not a storm: one EVAL (which caches the script
+	// again) after one NOSCRIPT, then EVALSHA only.
+	info, err := rs.client.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	evals, noscript := 0, 0
+	for _, line := range strings.Split(info, "\r\n") {
+		if strings.HasPrefix(line, "cmdstat_eval:") {
+			fmt.Sscanf(strings.TrimPrefix(line, "cmdstat_eval:"), "calls=%d", &evals)
+		}
+		if strings.HasPrefix(line, "cmdstat_evalsha:") {
+			if i := strings.Index(line, "failed_calls="); i >= 0 {
+				fmt.Sscanf(line[i:], "failed_calls=%d", &noscript)
+			}
+		}
+	}
+	if evals != 1 || noscript != 1 {
+		t.Errorf("after SCRIPT FLUSH: %d EVAL and %d failed EVALSHA over 22 reservations, want 1 and 1 (reload once)", evals, noscript)
 	}
 	// EVAL after NOSCRIPT cached the script again: EVALSHA works.
 	conn, err := net.Dial("tcp", rd.Addr)
@@ -579,5 +609,46 @@ func BenchmarkReserve(b *testing.B) {
 			b.ReportMetric(calls/el, "script_calls/s")
 			b.ReportMetric(float64(b.N)/el, "msgs/s")
 		})
+	}
+}
+
+// TestRedisClockSteppedBack: when the Redis server's clock steps back
+// (emulated here by what a 5 s step leaves in the key: every stored time,
+// seen included, 5 s ahead of the server's now), the schedule goes on from
+// where it was: the next slot is one interval after the previous one, not
+// held for the length of the step. (faketime cannot run Debian's
+// redis-server here, docs/lessons.md; the script's rule is the same.)
+func TestRedisClockSteppedBack(t *testing.T) {
+	rd := startRedis(t)
+	rs := newSlots(t, rd.Addr)
+	ls := rs.Lane("payments")
+	ctx := context.Background()
+	iv := interval(50)
+	var last time.Time
+	for range 5 {
+		s, err := ls.Reserve(ctx, slotReq(iv))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = s
+	}
+	key := rs.Key("payments")
+	vals, err := rs.client.HMGet(ctx, key, "tat", "pause", "seen").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	shift := func(v any) string {
+		f, _ := strconv.ParseFloat(v.(string), 64)
+		return strconv.FormatFloat(f+5e6, 'f', 3, 64)
+	}
+	if err := rs.client.HSet(ctx, key, "tat", shift(vals[0]), "seen", shift(vals[2])).Err(); err != nil {
+		t.Fatal(err)
+	}
+	next, err := ls.Reserve(ctx, slotReq(iv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := next.Sub(last); d < iv-time.Millisecond || d > iv+time.Millisecond {
+		t.Errorf("after the clock stepped back 5 s the next slot is %v after the last one, want %v", d, iv)
 	}
 }

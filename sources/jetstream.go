@@ -39,6 +39,9 @@ type JetStreamConfig struct {
 	// Limits are the stream's retention and limits when it is created
 	// (source.retention); nil creates it with none (every message kept).
 	Limits *StreamLimits
+	// Standby makes the consumer a pinned-client priority group
+	// (source.standby, standby.go).
+	Standby bool
 }
 
 // JetStream is a lane's source: a durable pull consumer with explicit acks
@@ -48,11 +51,12 @@ type JetStreamConfig struct {
 // deliveries itself and dead-letters at source.max_deliver, so that no
 // message is ever parked silently by the server.
 type JetStream struct {
-	js    jetstream.JetStream
-	cfg   JetStreamConfig
-	log   *slog.Logger
-	cons  atomic.Pointer[jetstream.Consumer]
-	bound atomic.Bool
+	js     jetstream.JetStream
+	cfg    JetStreamConfig
+	log    *slog.Logger
+	cons   atomic.Pointer[jetstream.Consumer]
+	bound  atomic.Bool
+	active atomic.Bool // standby: this replica holds the pin (standby.go)
 }
 
 // NewJetStream ensures the stream and the consumer exist and returns the
@@ -169,10 +173,15 @@ func (s *JetStream) bind(ctx context.Context) error {
 	} else {
 		cc.FilterSubjects = s.cfg.Subjects
 	}
+	s.standby(&cc)
 	c, err := s.js.CreateOrUpdateConsumer(ctx, s.cfg.Stream, cc)
 	if err != nil {
 		s.bound.Store(false)
 		return fmt.Errorf("consumer %q on stream %q: %w", s.cfg.Durable, s.cfg.Stream, err)
+	}
+	if err := s.standbyKept(c.CachedInfo().Config); err != nil {
+		s.bound.Store(false)
+		return err
 	}
 	s.cons.Store(&c)
 	s.bound.Store(true)
@@ -197,11 +206,12 @@ func (s *JetStream) Fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 		}
 		c = s.cons.Load()
 	}
-	batch, err := (*c).Fetch(max, jetstream.FetchMaxWait(FetchExpiry))
+	batch, err := (*c).Fetch(max, s.fetchOpts(jetstream.FetchMaxWait(FetchExpiry))...)
 	if err != nil {
 		return s.fail(ctx, err)
 	}
 	for msg := range batch.Messages() {
+		s.notePin(msg.Headers().Get("Nats-Pin-Id"), nil)
 		m, err := convert(msg)
 		if err != nil {
 			// Not a JetStream delivery we can account for: hand it to the
@@ -212,6 +222,7 @@ func (s *JetStream) Fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 		deliver(m)
 	}
 	if err := batch.Error(); err != nil {
+		s.notePin("", err)
 		return s.fail(ctx, err)
 	}
 	s.bound.Store(true)

@@ -57,17 +57,30 @@ type Redis struct {
 	dir  string
 	port int
 
+	args []string // extra arguments (WithRedisArgs)
+
 	mu  sync.Mutex
 	cmd *exec.Cmd
 	out *bytes.Buffer
 }
 
+// RedisOption adjusts a redis-server started by StartRedis.
+type RedisOption func(*Redis)
+
+// WithRedisArgs adds command-line arguments, e.g. "--replicaof", "127.0.0.1 6379".
+func WithRedisArgs(args ...string) RedisOption {
+	return func(r *Redis) { r.args = append(r.args, args...) }
+}
+
 // StartRedis starts a redis-server for t and waits until it answers PING.
-func StartRedis(t testing.TB) *Redis {
+func StartRedis(t testing.TB, opts ...RedisOption) *Redis {
 	t.Helper()
 	bin := need(t, "redis-server")
 	port := FreePort(t)
 	r := &Redis{t: t, bin: bin, dir: t.TempDir(), port: port, Addr: "127.0.0.1:" + strconv.Itoa(port)}
+	for _, o := range opts {
+		o(r)
+	}
 	r.Start()
 	t.Cleanup(r.Kill)
 	return r
@@ -82,8 +95,9 @@ func (r *Redis) Start() {
 		r.t.Fatal("redis-server already running")
 	}
 	r.out = &bytes.Buffer{}
-	cmd := exec.Command(r.bin, "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", r.dir, "--daemonize", "no")
+	args := append([]string{"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", r.dir, "--daemonize", "no"}, r.args...)
+	cmd := exec.Command(r.bin, args...)
 	cmd.Stdout, cmd.Stderr = r.out, r.out
 	if err := cmd.Start(); err != nil {
 		r.t.Fatal(err)
@@ -116,9 +130,16 @@ func (r *Redis) Kill() {
 // Do sends one command in RESP and returns the first line of the reply.
 func (r *Redis) Do(args ...string) string {
 	r.t.Helper()
-	c, err := net.DialTimeout("tcp", r.Addr, time.Second)
+	return do(r.t, r.Addr, args...)[0]
+}
+
+// do sends one command in RESP to addr and returns the reply's lines
+// (all that arrive within 100 ms of the first one).
+func do(t testing.TB, addr string, args ...string) []string {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
-		r.t.Fatal(err)
+		t.Fatal(err)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
@@ -128,13 +149,25 @@ func (r *Redis) Do(args ...string) string {
 		b.WriteString("$" + strconv.Itoa(len(a)) + "\r\n" + a + "\r\n")
 	}
 	if _, err := c.Write([]byte(b.String())); err != nil {
-		r.t.Fatal(err)
+		t.Fatal(err)
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	br := bufio.NewReader(c)
+	line, err := br.ReadString('\n')
 	if err != nil {
-		r.t.Fatal(err)
+		t.Fatal(err)
 	}
-	return strings.TrimSpace(line)
+	lines := []string{strings.TrimSpace(line)}
+	_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if strings.HasPrefix(line, "*") || strings.HasPrefix(line, "$") {
+		for {
+			l, err := br.ReadString('\n')
+			if err != nil {
+				break
+			}
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	return lines
 }
 
 // Ping reports whether a Redis server at addr answers PING.

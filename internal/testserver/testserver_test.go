@@ -2,6 +2,7 @@ package testserver
 
 import (
 	"context"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -111,5 +112,43 @@ func TestNATSProcess(t *testing.T) {
 	}
 	if n := st.CachedInfo().State.Msgs; n != 1 {
 		t.Errorf("stream has %d messages after the restart, want 1", n)
+	}
+}
+
+// TestSentinelFailover: a primary, a replica of it and a sentinel;
+// SENTINEL FAILOVER makes the replica the master the sentinel names.
+func TestSentinelFailover(t *testing.T) {
+	primary := StartRedis(t, WithRedisArgs("--repl-diskless-sync-delay", "0"))
+	host, port, _ := strings.Cut(primary.Addr, ":")
+	replica := StartRedis(t, WithRedisArgs("--replicaof", host, port))
+	awaitReplicaSynced(t, replica)
+	s := StartSentinel(t, "shaper", primary.Addr, 500*time.Millisecond)
+	// The sentinel learns the replica from the primary's INFO.
+	deadline := time.Now().Add(20 * time.Second)
+	for !s.KnowsReplica("shaper", replica.Addr) {
+		if time.Now().After(deadline) {
+			t.Fatal("the sentinel did not learn the replica")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.Failover("shaper")
+	deadline = time.Now().Add(10 * time.Second)
+	for s.Master("shaper") != replica.Addr {
+		if time.Now().After(deadline) {
+			t.Fatalf("after SENTINEL FAILOVER the master is %q, want %s", s.Master("shaper"), replica.Addr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// awaitReplicaSynced waits until r reports its link to the master up.
+func awaitReplicaSynced(t *testing.T, r *Redis) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(strings.Join(do(t, r.Addr, "INFO", "replication"), " "), "master_link_status:up") {
+		if time.Now().After(deadline) {
+			t.Fatal("the replica did not sync with its master")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

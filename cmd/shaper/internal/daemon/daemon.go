@@ -190,7 +190,7 @@ func (d *Daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 	src, err := sources.NewJetStream(ctx, d.js, sources.JetStreamConfig{
 		Stream: lc.Source.Stream, Subjects: lc.Source.Subjects, Durable: lc.Source.Consumer,
 		AckWait: lc.Source.AckWait, MaxAckPending: lc.EffectiveMaxAckPending(),
-		Limits: sourceLimits(lc.Source.Retention),
+		Limits: sourceLimits(lc.Source.Retention), Standby: lc.Source.Standby,
 	}, d.log.With("lane", name))
 	if err != nil {
 		return nil, fmt.Errorf("lane %q: %w", name, err)
