@@ -11,12 +11,12 @@ import (
 	"github.com/shaper-dev/shaper/sources"
 )
 
-// needCluster skips a long run unless SHAPER_TEST_CLUSTER=1 (.ci/run sets
+// needCluster skips a long run unless SHAPERTEST_CLUSTER=1 (.ci/run sets
 // it).
 func needCluster(t *testing.T) {
 	t.Helper()
-	if os.Getenv("SHAPER_TEST_CLUSTER") != "1" {
-		t.Skip("a long run: set SHAPER_TEST_CLUSTER=1 (.ci/run does)")
+	if os.Getenv("SHAPERTEST_CLUSTER") != "1" {
+		t.Skip("a long run: set SHAPERTEST_CLUSTER=1 (.ci/run does)")
 	}
 }
 
