@@ -150,6 +150,10 @@ type Source struct {
 	MaxMessageBytes int `mapstructure:"max_message_bytes"`
 	// Retention limits the stream when shaper creates it (config/retention.go).
 	Retention Retention `mapstructure:"retention"`
+	// Replicas is the number of replicas (R) of the stream and the consumer
+	// when shaper creates them on a JetStream cluster. 1..5, default 1. An
+	// existing stream keeps its replicas (a warning when they differ).
+	Replicas int `mapstructure:"replicas"`
 }
 
 // Bucket is the bounded FIFO of a lane.

@@ -38,6 +38,7 @@ const (
 const (
 	DefaultAckWait     = 60 * time.Second         // source.ack_wait
 	DefaultMaxDeliver  = 5                        // source.max_deliver
+	DefaultReplicas    = 1                        // source.replicas
 	DefaultCapacity    = 1000                     // bucket.capacity, messages
 	DefaultOverflow    = OverflowBlock            // bucket.overflow
 	DefaultColdFactor  = 3.0                      // rate.warmup.cold_factor
@@ -79,6 +80,7 @@ func laneDefaults() map[string]any {
 		"source.max_deliver":         DefaultMaxDeliver,
 		"source.max_ack_pending":     0,
 		"source.max_message_bytes":   0,
+		"source.replicas":            DefaultReplicas,
 		"source.retention.kind":      DefaultRetentionKind,
 		"source.retention.max_age":   DefaultRetentionMaxAge,
 		"source.retention.max_bytes": int64(0),

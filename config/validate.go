@@ -396,6 +396,8 @@ func (v *validator) lane(name string, l Lane) {
 	v.retention(k, l)
 	v.check(l.Source.MaxMessageBytes >= 0, k("source.max_message_bytes"),
 		"must be ≥ 0 (0 = no limit), got %d", l.Source.MaxMessageBytes)
+	v.check(l.Source.Replicas >= 1 && l.Source.Replicas <= 5, k("source.replicas"),
+		"must be 1..5 (JetStream replicas), got %d", l.Source.Replicas)
 
 	// bucket
 	v.check(l.Bucket.Capacity >= 1, k("bucket.capacity"), "must be ≥ 1, got %d", l.Bucket.Capacity)

@@ -187,9 +187,33 @@ func (s *JetStream) Connected() bool { return s.js.Conn().IsConnected() }
 // did not fail.
 func (s *JetStream) Bound() bool { return s.bound.Load() }
 
+// leaderChangeRepulls is how many times one Fetch re-issues a pull that the
+// server ended with 409 "Leadership Change" before it reports the error.
+const leaderChangeRepulls = 5
+
 // Fetch implements drain.Source: one pull request for up to max messages,
 // expiring after FetchExpiry. Every message received is passed to deliver.
+//
+// A pull that the server ends with a leadership change of the consumer
+// (status 409 "Leadership Change": the pending pull requests of the old
+// leader are void) is re-issued at once for the slots still free, without
+// the lane's fetch back-off and without marking the source unbound: nats.go
+// does not re-issue it (NOTES.md), and waiting would stall the lane for
+// the back-off or a heartbeat timeout.
 func (s *JetStream) Fetch(ctx context.Context, max int, deliver func(*shaper.Message)) error {
+	got := 0
+	count := func(m *shaper.Message) { got++; deliver(m) }
+	for i := 0; ; i++ {
+		err := s.fetch(ctx, max-got, count)
+		if !errors.Is(err, jetstream.ErrConsumerLeadershipChanged) || i == leaderChangeRepulls || got >= max {
+			return err
+		}
+		s.log.Info("consumer leader changed; pull re-issued", "delivered", got)
+	}
+}
+
+// fetch is one pull request of Fetch.
+func (s *JetStream) fetch(ctx context.Context, max int, deliver func(*shaper.Message)) error {
 	c := s.cons.Load()
 	if c == nil {
 		if err := s.bind(ctx); err != nil {
@@ -212,6 +236,9 @@ func (s *JetStream) Fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 		deliver(m)
 	}
 	if err := batch.Error(); err != nil {
+		if errors.Is(err, jetstream.ErrConsumerLeadershipChanged) {
+			return err // re-issued by Fetch; the consumer is still bound
+		}
 		return s.fail(ctx, err)
 	}
 	s.bound.Store(true)

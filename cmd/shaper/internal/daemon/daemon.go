@@ -117,7 +117,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if err := sources.CheckJetStream(ctx, d.js, config.RedactURL(url)); err != nil {
 		return err
 	}
-	if err := sources.EnsureStreamLimits(ctx, d.js, DeadStream, []string{DeadSubjects}, deadLetterLimits(d.cfg.DeadLetterStream), d.log); err != nil {
+	if err := sources.EnsureStreamLimits(ctx, d.js, DeadStream, []string{DeadSubjects}, deadLetterLimits(d.cfg.DeadLetterStream, maxReplicas(d.cfg)), d.log); err != nil {
 		return fmt.Errorf("dead-letter stream: %w", err)
 	}
 	names := make([]string, 0, len(d.cfg.Downstreams))
@@ -169,7 +169,7 @@ func (d *Daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 	if subj := lc.DeadLetter.Subject; subj != "" {
 		if _, err := d.js.StreamNameBySubject(ctx, subj); err != nil {
 			stream := "SHAPER_DEAD_" + strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(name))
-			if err := sources.EnsureStreamLimits(ctx, d.js, stream, []string{subj}, deadLetterLimits(d.cfg.DeadLetterStream), d.log); err != nil {
+			if err := sources.EnsureStreamLimits(ctx, d.js, stream, []string{subj}, deadLetterLimits(d.cfg.DeadLetterStream, maxReplicas(d.cfg)), d.log); err != nil {
 				return nil, fmt.Errorf("lane %q: dead-letter stream for %q: %w", name, subj, err)
 			}
 			d.log.Info("dead-letter stream created", "lane", name, "stream", stream, "subject", subj)
@@ -183,7 +183,7 @@ func (d *Daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 	src, err := sources.NewJetStream(ctx, d.js, sources.JetStreamConfig{
 		Stream: lc.Source.Stream, Subjects: lc.Source.Subjects, Durable: lc.Source.Consumer,
 		AckWait: lc.Source.AckWait, MaxAckPending: lc.EffectiveMaxAckPending(),
-		Limits: sourceLimits(lc.Source.Retention),
+		Limits: sourceLimits(lc.Source.Retention, lc.Source.Replicas),
 	}, d.log.With("lane", name))
 	if err != nil {
 		return nil, fmt.Errorf("lane %q: %w", name, err)
