@@ -113,6 +113,10 @@ func laneDefaults() map[string]any {
 func topDefaults() map[string]any {
 	return map[string]any{
 		"nats.embedded.listen":         DefaultEmbeddedListen,
+		"nats.creds":                   "",
+		"nats.tls.ca_file":             "",
+		"nats.tls.cert_file":           "",
+		"nats.tls.key_file":            "",
 		"nats.embedded.store_dir":      DefaultEmbeddedStoreDir,
 		"admin.listen":                 DefaultAdminListen,
 		"admin.token":                  "",

@@ -108,7 +108,12 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		url = d.ns.ClientURL()
 		d.log.Info("embedded nats started", "url", config.RedactURL(url), "store_dir", d.cfg.NATS.Embedded.StoreDir)
 	}
-	if d.nc, err = sources.Connect(url, d.log); err != nil {
+	sec, err := sources.Security{Creds: d.cfg.NATS.Creds, CAFile: d.cfg.NATS.TLS.CAFile,
+		CertFile: d.cfg.NATS.TLS.CertFile, KeyFile: d.cfg.NATS.TLS.KeyFile}.Options()
+	if err != nil {
+		return err
+	}
+	if d.nc, err = sources.Connect(url, d.log, sec...); err != nil {
 		return err
 	}
 	if d.js, err = jetstream.New(d.nc); err != nil {
