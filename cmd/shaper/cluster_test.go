@@ -182,7 +182,7 @@ log: { level: debug }
 downstreams:
   clu:
     source: { stream: %s, subjects: [clu.>], replicas: 3, ack_wait: 30s }
-    bucket: { capacity: 25 }
+    bucket: { capacity: 50 }
     rate: { limit: 25/s }
     task: { timeout: 2s, max_in_flight: 4 }
     sink: { kind: http, url: %q }
@@ -205,8 +205,16 @@ downstreams:
 		t.Fatalf("consumer %s: %v; want R3 (2 peers besides the leader)", consumer, err)
 	}
 
-	// 25/s in, after a backlog of 40: the bucket holds ~1 s of work.
-	pub := startSteadyPublisher(t, js, "clu.job", 0, 40*time.Millisecond, 40)
+	for _, name := range []string{"SHAPER_DEAD", "KV_SHAPER_CONTROL"} {
+		if s, err := js.Stream(context.Background(), name); err != nil || s.CachedInfo().Config.Replicas != 3 {
+			t.Errorf("stream %s: %v; want R3 (the largest source.replicas)", name, err)
+		}
+	}
+
+	// 25/s in, after a backlog of 60: the bucket holds 2 s of work, the
+	// stream 10 more. A consumer leader election after a kill takes 4.4–7.3 s
+	// here (NOTES.md); the bucket covers 2 s of it (docs/scaling.md sizing).
+	pub := startSteadyPublisher(t, js, "clu.job", 0, 40*time.Millisecond, 60)
 	time.Sleep(5 * time.Second)
 
 	type event struct {
@@ -300,11 +308,17 @@ downstreams:
 		if e.name[:4] == "kill" {
 			bound = 6 * time.Second
 		}
-		t.Logf("%s: largest gap %s (starting %s after the event), leader named after %s, /readyz 200 after %s (from the event; for the kill, from the new leader)",
+		t.Logf("%s: largest gap %s (starting %s after the event, ending %s after the leader was named), leader named after %s, /readyz 200 after %s (from the event; for the kill, from the new leader)",
 			e.name, e.maxGap.Round(time.Millisecond), e.gapFrom.Sub(e.at).Round(time.Millisecond),
+			e.gapFrom.Add(e.maxGap).Sub(e.leader).Round(time.Millisecond),
 			e.leader.Sub(e.at).Round(time.Millisecond), e.ready.Round(time.Millisecond))
 		if e.maxGap > bound {
 			t.Errorf("%s: largest gap at the downstream %s; want ≤ %s", e.name, e.maxGap, bound)
+		}
+		// However long the election after the kill, the lane resumes within
+		// the step-down bound once a live leader is named.
+		if resumed := e.gapFrom.Add(e.maxGap).Sub(e.leader); e.name[:4] == "kill" && resumed > 2*time.Second {
+			t.Errorf("%s: the downstream got the next job %s after the new leader was named; want ≤ 2s", e.name, resumed)
 		}
 	}
 	n, _ := maxInWindow(ts, time.Second)
@@ -312,8 +326,8 @@ downstreams:
 		len(keys), len(arr), dups, n, pub.errs.Load(), gapSummary(ts))
 	// The acks lost with the killed leader's consumer state come back
 	// after ack_wait: at most what was unacknowledged then, max_ack_pending
-	// (capacity 25 + max_in_flight 4), with the job's key (G8).
-	if dups > 29 {
-		t.Errorf("%d duplicates; want at most max_ack_pending (29), the messages unacknowledged at the kill", dups)
+	// (capacity 50 + max_in_flight 4), with the job's key (G8).
+	if dups > 54 {
+		t.Errorf("%d duplicates; want at most max_ack_pending (54), the messages unacknowledged at the kill", dups)
 	}
 }

@@ -208,7 +208,7 @@ func (d *Daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 		opts = append(opts, drain.WithGlobal(d.redis.Lane(name), d.cfg.Redis.ReplicasHint))
 	}
 	if w := lc.Sink.DedupWindow; w > 0 { // SPEC §3 Delivered-key dedup
-		dd, err := sources.NewKVDedup(ctx, d.js, name, w, 1) // one replica, like SHAPER_CONTROL
+		dd, err := sources.NewKVDedup(ctx, d.js, name, w, lc.Source.Replicas) // as replicated as the lane's stream
 		if err != nil {
 			closeSink(sink)
 			closeSink(dead)
