@@ -21,6 +21,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
+
+	"github.com/shaper-dev/shaper/internal/testserver"
 )
 
 // testPKI is a CA with a server certificate for 127.0.0.1 and a client
@@ -204,5 +206,59 @@ downstreams:
 	}
 	if !strings.Contains(logs, "shaper ready") {
 		t.Errorf("no ready line in the logs:\n%s", logs)
+	}
+}
+
+// TestNATSURLSecrets (issue 13): user and password, or a token, given by
+// ${ENV} in nats.url reach the server (which requires them), and neither
+// the logs nor /metrics show them.
+func TestNATSURLSecrets(t *testing.T) {
+	for _, tc := range []struct {
+		name, url, secret string
+		opt               testserver.NATSOption
+	}{
+		{"user and password", "nats://${NATS_TEST_USER}:${NATS_TEST_SECRET}@%s", "pw-9f3a1c77",
+			testserver.WithUser("shaper", "pw-9f3a1c77")},
+		{"token", "nats://${NATS_TEST_SECRET}@%s", "tok-5be01d2e",
+			func(o *server.Options) { o.Authorization = "tok-5be01d2e" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := testserver.NATS(t, tc.opt)
+			t.Setenv("NATS_TEST_USER", "shaper")
+			t.Setenv("NATS_TEST_SECRET", tc.secret)
+			hostPort := ns.Addr().String()
+			if nc, err := nats.Connect("nats://" + hostPort); err == nil {
+				nc.Close()
+				t.Fatal("the server takes clients without credentials")
+			}
+			down, sinkURL := newStampedDownstream(t)
+			admin := freeAddr(t)
+			td := startDaemon(t, fmt.Sprintf(`
+nats: { url: %q }
+admin: { listen: %q }
+log: { level: debug }
+downstreams:
+  sec:
+    source: { stream: SEC, subjects: [sec.>] }
+    rate: { limit: 50/s }
+    sink: { kind: http, url: %q }
+`, fmt.Sprintf(tc.url, hostPort), admin, sinkURL))
+			waitReady(t, admin, 10*time.Second)
+			nc, err := nats.Connect(strings.NewReplacer("${NATS_TEST_USER}", "shaper", "${NATS_TEST_SECRET}", tc.secret).Replace(fmt.Sprintf(tc.url, hostPort)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			js, _ := jetstream.New(nc)
+			keys := publishBurst(t, js, "sec.job", 10)
+			if !down.awaitDistinct(len(keys), 10*time.Second) {
+				t.Fatalf("delivered %d of %d", down.distinctDelivered(), len(keys))
+			}
+			_, metricsText, _ := httpGet("http://" + admin + "/metrics")
+			td.stop(5 * time.Second)
+			if logs := td.logs.String(); strings.Contains(logs, tc.secret) || strings.Contains(metricsText, tc.secret) {
+				t.Errorf("the secret is in the logs or /metrics:\n%s", logs)
+			}
+		})
 	}
 }
