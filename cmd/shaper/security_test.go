@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -126,29 +127,38 @@ func newTestOperator(t *testing.T, dir string) testOperator {
 // TestNATSSecurity (issue 13): the daemon connects to a NATS server that
 // requires TLS with client certificates (mTLS, certificates generated
 // here) and JWT authentication (operator, account and user made here,
-// nats.creds), runs a lane through it, and neither its logs nor /metrics
-// hold the user's JWT, nkey seed, or the client key.
+// nats.creds), runs a lane through it, reconnects with rotated CA and
+// client certificate files (re-read at the reconnect, no restart), and
+// neither its logs nor /metrics hold the user's JWT, nkey seed, or the
+// client key.
 func TestNATSSecurity(t *testing.T) {
 	dir := t.TempDir()
 	pki := newTestPKI(t, dir)
 	opr := newTestOperator(t, dir)
-	tlsCfg, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: pki.serverCert, KeyFile: pki.serverKey,
-		CaFile: pki.ca, Verify: true})
-	if err != nil {
-		t.Fatal(err)
+	store := t.TempDir()
+	start := func(pki testPKI, port int) *server.Server {
+		t.Helper()
+		tlsCfg, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: pki.serverCert, KeyFile: pki.serverKey,
+			CaFile: pki.ca, Verify: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: store,
+			NoLog: true, NoSigs: true, TLS: true, TLSVerify: true, TLSConfig: tlsCfg,
+			TrustedOperators: []*jwt.OperatorClaims{opr.op}, AccountResolver: opr.resolver, SystemAccount: opr.sys})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go ns.Start()
+		if !ns.ReadyForConnections(10 * time.Second) {
+			t.Fatal("nats-server not ready")
+		}
+		t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+		return ns
 	}
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		NoLog: true, NoSigs: true, TLS: true, TLSVerify: true, TLSConfig: tlsCfg,
-		TrustedOperators: []*jwt.OperatorClaims{opr.op}, AccountResolver: opr.resolver, SystemAccount: opr.sys})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	url := fmt.Sprintf("tls://127.0.0.1:%d", ns.Addr().(*net.TCPAddr).Port)
+	ns := start(pki, -1)
+	port := ns.Addr().(*net.TCPAddr).Port
+	url := fmt.Sprintf("tls://127.0.0.1:%d", port)
 
 	// The server really asks for both: no creds, or no client certificate,
 	// is refused.
@@ -190,9 +200,47 @@ downstreams:
 		t.Fatalf("delivered %d of %d through the secured connection; missing %v", down.distinctDelivered(), len(keys), down.missing(keys))
 	}
 	_, metricsText, _ := httpGet("http://" + admin + "/metrics")
+
+	// Rotation: the server comes back with certificates of a new CA, and
+	// the daemon's files are replaced by the new CA and a client
+	// certificate it signed. The daemon reconnects with the new files,
+	// without a restart.
+	key, _ := os.ReadFile(pki.clientKey)
+	nc.Close()
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	pki2 := newTestPKI(t, t.TempDir())
+	for dst, src := range map[string]string{pki.ca: pki2.ca, pki.clientCert: pki2.clientCert, pki.clientKey: pki2.clientKey} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst+".new", b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(dst+".new", dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start(pki2, port)
+	nc2, err := nats.Connect(url, nats.RootCAs(pki2.ca), nats.ClientCert(pki2.clientCert, pki2.clientKey),
+		nats.UserCredentials(opr.creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc2.Close()
+	js2, _ := jetstream.New(nc2)
+	msg := &nats.Msg{Subject: "sec.job", Header: nats.Header{}, Data: []byte("after rotation")}
+	msg.Header.Set(jetstream.MsgIDHeader, "rotated")
+	if _, err := js2.PublishMsg(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+	if !down.awaitDistinct(len(keys)+1, 10*time.Second) {
+		t.Fatalf("nothing delivered after the certificates were rotated (%d distinct)", down.distinctDelivered())
+	}
+	waitReady(t, admin, 5*time.Second)
 	td.stop(5 * time.Second)
 
-	key, _ := os.ReadFile(pki.clientKey)
 	keyBody := strings.Split(strings.TrimSpace(string(key)), "\n")[1] // a line of the key's base64
 	logs := td.logs.String()
 	for what, secret := range map[string]string{"user JWT": opr.userJWT, "nkey seed": opr.seed,
