@@ -265,10 +265,16 @@ downstreams:
 	if victim == nil {
 		t.Fatalf("consumer leader %q is no node of the cluster", cl1)
 	}
+	connected := td.NATSURL()
 	e = ev("kill -9 of the consumer leader's node (" + cl1 + ")")
 	c.Kill(victim)
 	waitLeader(e, cl1)
 	e.ready = readyWithin(t, admin, e.leader, 3*time.Second)
+	if now := td.NATSURL(); connected == victim.URL() && (now == victim.URL() || now == "") {
+		t.Errorf("the daemon was connected to the killed node %s and is now on %q; want another node", connected, now)
+	} else {
+		t.Logf("the daemon was connected to %s (the killed node is %s), now to %s", connected, victim.URL(), now)
+	}
 	time.Sleep(4 * time.Second)
 	restart := ev("restart of " + cl1)
 	c.Restart(victim)
