@@ -39,9 +39,31 @@ type NATS struct {
 	// URL is the server to connect to: nats://, tls://, ws:// or wss://,
 	// or a comma-separated list of them; may use ${ENV} (credentials).
 	// "" (default) starts the embedded server.
-	URL      string   `mapstructure:"url"`
+	URL string `mapstructure:"url"`
+	// Creds is a .creds file (the user's JWT and nkey seed, as nsc writes
+	// it) to authenticate with; "" = none. Only with URL. The file is read
+	// at every (re)connect; its content is never logged.
+	Creds string `mapstructure:"creds"`
+	// TLS is the CA and client certificate of the connection to URL.
+	TLS      NATSTLS  `mapstructure:"tls"`
 	Embedded Embedded `mapstructure:"embedded"`
 }
+
+// NATSTLS configures TLS to the NATS servers. Any file set turns TLS on
+// (with nats:// URLs too). The files are read again at every (re)connect,
+// so a renewed certificate or CA is used from the next connection on.
+type NATSTLS struct {
+	// CAFile is a PEM file of the CAs that sign the servers' certificates;
+	// "" = the system's roots.
+	CAFile string `mapstructure:"ca_file"`
+	// CertFile and KeyFile are the client certificate and its key (PEM),
+	// for servers that verify clients (mTLS); both or neither.
+	CertFile string `mapstructure:"cert_file"`
+	KeyFile  string `mapstructure:"key_file"`
+}
+
+// Enabled reports whether any TLS file is set.
+func (t NATSTLS) Enabled() bool { return t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" }
 
 // Embedded configures the in-process NATS server with JetStream.
 type Embedded struct {
@@ -155,6 +177,10 @@ type Source struct {
 	// and delivers, the others hold nothing and take over within
 	// sources.StandbyTakeover when it stops or dies. Default false.
 	Standby bool `mapstructure:"standby"`
+	// Replicas is the number of replicas (R) of the stream and the consumer
+	// when shaper creates them on a JetStream cluster. 1..5, default 1. An
+	// existing stream keeps its replicas (a warning when they differ).
+	Replicas int `mapstructure:"replicas"`
 }
 
 // Bucket is the bounded FIFO of a lane.

@@ -38,6 +38,7 @@ const (
 const (
 	DefaultAckWait     = 60 * time.Second         // source.ack_wait
 	DefaultMaxDeliver  = 5                        // source.max_deliver
+	DefaultReplicas    = 1                        // source.replicas
 	DefaultCapacity    = 1000                     // bucket.capacity, messages
 	DefaultOverflow    = OverflowBlock            // bucket.overflow
 	DefaultColdFactor  = 3.0                      // rate.warmup.cold_factor
@@ -80,6 +81,7 @@ func laneDefaults() map[string]any {
 		"source.max_ack_pending":     0,
 		"source.max_message_bytes":   0,
 		"source.standby":             false,
+		"source.replicas":            DefaultReplicas,
 		"source.retention.kind":      DefaultRetentionKind,
 		"source.retention.max_age":   DefaultRetentionMaxAge,
 		"source.retention.max_bytes": int64(0),
@@ -119,6 +121,10 @@ func laneDefaults() map[string]any {
 func topDefaults() map[string]any {
 	return map[string]any{
 		"nats.embedded.listen":         DefaultEmbeddedListen,
+		"nats.creds":                   "",
+		"nats.tls.ca_file":             "",
+		"nats.tls.cert_file":           "",
+		"nats.tls.key_file":            "",
 		"nats.embedded.store_dir":      DefaultEmbeddedStoreDir,
 		"admin.listen":                 DefaultAdminListen,
 		"admin.token":                  "",

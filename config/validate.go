@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -227,6 +228,7 @@ func (v *validator) global() {
 			"required when nats.url is empty (embedded server)")
 	}
 	v.listen("nats.embedded.listen", c.NATS.Embedded.Listen)
+	v.natsSecurity()
 	v.redis()
 	v.listen("admin.listen", c.Admin.Listen)
 	v.check(c.Admin.Token != "" || loopback(c.Admin.Listen), "admin.token",
@@ -236,6 +238,31 @@ func (v *validator) global() {
 	v.check(slices.Contains([]string{"text", "json"}, c.Log.Format), "log.format",
 		"must be text or json, got %q", c.Log.Format)
 	v.check(c.Shutdown.DrainTimeout > 0, "shutdown.drain_timeout", "must be > 0, got %s", c.Shutdown.DrainTimeout)
+}
+
+// natsSecurity checks nats.creds and nats.tls: only with nats.url (the
+// embedded server takes neither), readable files, cert and key together.
+func (v *validator) natsSecurity() {
+	n := v.c.NATS
+	files := []struct{ key, path string }{{"nats.creds", n.Creds}, {"nats.tls.ca_file", n.TLS.CAFile},
+		{"nats.tls.cert_file", n.TLS.CertFile}, {"nats.tls.key_file", n.TLS.KeyFile}}
+	for _, f := range files {
+		if f.path == "" {
+			continue
+		}
+		if n.URL == "" {
+			v.check(false, f.key, "only with nats.url (the embedded server needs no credentials nor TLS)")
+			continue
+		}
+		fh, err := os.Open(f.path)
+		if err != nil {
+			v.check(false, f.key, "cannot be read: %v", err)
+			continue
+		}
+		_ = fh.Close()
+	}
+	v.check((n.TLS.CertFile == "") == (n.TLS.KeyFile == ""), "nats.tls.cert_file",
+		"nats.tls.cert_file and nats.tls.key_file go together (a client certificate and its key)")
 }
 
 // natsURL checks a comma-separated list of NATS server URLs.

@@ -84,6 +84,8 @@ func (v *validator) laneSource(k func(string) string, nameOK bool, l Lane) {
 	v.check(l.Source.MaxMessageBytes >= 0, k("source.max_message_bytes"),
 		"must be ≥ 0 (0 = no limit), got %d", l.Source.MaxMessageBytes)
 	v.standby(k, l)
+	v.check(l.Source.Replicas >= 1 && l.Source.Replicas <= 5, k("source.replicas"),
+		"must be 1..5 (JetStream replicas), got %d", l.Source.Replicas)
 }
 
 // laneBucket checks a lane's bucket keys.

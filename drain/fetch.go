@@ -56,7 +56,11 @@ func (l *Lane) fetchLoop() {
 				return
 			case <-time.After(backoff):
 			}
-			backoff = min(2*backoff, 2*time.Second)
+			// At most 1 s: a consumer leader election on a cluster fails
+			// the pulls ("no responders") for 4–8 s, and the lane must
+			// resume within about a second of the new leader (issue 13,
+			// docs/scaling.md).
+			backoff = min(2*backoff, time.Second)
 			continue
 		}
 		backoff = 100 * time.Millisecond

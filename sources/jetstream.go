@@ -174,10 +174,15 @@ func (s *JetStream) bind(ctx context.Context) error {
 		cc.FilterSubjects = s.cfg.Subjects
 	}
 	s.standby(&cc)
+	if err := s.startPolicy(ctx, &cc); err != nil {
+		s.bound.Store(false)
+		return err
+	}
 	c, err := s.js.CreateOrUpdateConsumer(ctx, s.cfg.Stream, cc)
 	if err != nil {
 		s.bound.Store(false)
-		return fmt.Errorf("consumer %q on stream %q: %w", s.cfg.Durable, s.cfg.Stream, err)
+		return fmt.Errorf("consumer %q on stream %q differs from the lane (source.ack_wait, source.max_ack_pending, source.subjects, explicit acks) and the server refuses to update it (delete the consumer, or restore its settings): %w",
+			s.cfg.Durable, s.cfg.Stream, err)
 	}
 	if err := s.standbyKept(c.CachedInfo().Config); err != nil {
 		s.bound.Store(false)
@@ -188,6 +193,66 @@ func (s *JetStream) bind(ctx context.Context) error {
 	return nil
 }
 
+// startPolicy sets where the consumer starts (consumer drift, case C36).
+// An existing consumer keeps its deliver policy (the server refuses to
+// change it); everything else of the config is applied to it by the update
+// (ack_wait, max_ack_pending, filter subjects). A new consumer on a stream
+// that another durable consumer with an overlapping filter already reads
+// (source.consumer renamed) starts after the highest ack floor among them,
+// so the downstream does not get the stream's history again; the consumer
+// left behind is named in a warning. A new consumer with no predecessor
+// starts at the beginning of the stream (DeliverAll): on a first start the
+// stream's content is the backlog to deliver.
+func (s *JetStream) startPolicy(ctx context.Context, cc *jetstream.ConsumerConfig) error {
+	if c, err := s.js.Consumer(ctx, s.cfg.Stream, s.cfg.Durable); err == nil {
+		have := c.CachedInfo().Config
+		cc.DeliverPolicy, cc.OptStartSeq, cc.OptStartTime = have.DeliverPolicy, have.OptStartSeq, have.OptStartTime
+		return nil
+	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("consumer %q on stream %q: %w", s.cfg.Durable, s.cfg.Stream, err)
+	}
+	st, err := s.js.Stream(ctx, s.cfg.Stream)
+	if err != nil {
+		return fmt.Errorf("stream %q: %w", s.cfg.Stream, err)
+	}
+	var floor uint64
+	var from string
+	for info := range st.ListConsumers(ctx).Info() {
+		if info.Config.Durable == "" || !filtersOverlap(info.Config, s.cfg.Subjects) {
+			continue
+		}
+		if info.AckFloor.Stream >= floor {
+			floor, from = info.AckFloor.Stream, info.Name
+		}
+	}
+	if from == "" {
+		return nil // DeliverAll
+	}
+	cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
+	s.log.Warn("new consumer starts after the ack floor of an existing consumer on the same subjects (source.consumer renamed?); that consumer is left behind with its state: delete it when it is no longer used",
+		"old_consumer", from, "new_consumer", s.cfg.Durable, "start_seq", floor+1, "not_redelivered", floor)
+	return nil
+}
+
+// filtersOverlap reports whether the consumer config c reads any of subjects.
+func filtersOverlap(c jetstream.ConsumerConfig, subjects []string) bool {
+	filters := c.FilterSubjects
+	if c.FilterSubject != "" {
+		filters = append(filters, c.FilterSubject)
+	}
+	if len(filters) == 0 {
+		return true // the whole stream
+	}
+	for _, f := range filters {
+		for _, want := range subjects {
+			if subjectCovers(f, want) || subjectCovers(want, f) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Connected reports whether the NATS connection is up (drain.Connector):
 // while it is not, the lane holds its departures.
 func (s *JetStream) Connected() bool { return s.js.Conn().IsConnected() }
@@ -196,9 +261,33 @@ func (s *JetStream) Connected() bool { return s.js.Conn().IsConnected() }
 // did not fail.
 func (s *JetStream) Bound() bool { return s.bound.Load() }
 
+// leaderChangeRepulls is how many times one Fetch re-issues a pull that the
+// server ended with 409 "Leadership Change" before it reports the error.
+const leaderChangeRepulls = 5
+
 // Fetch implements drain.Source: one pull request for up to max messages,
 // expiring after FetchExpiry. Every message received is passed to deliver.
+//
+// A pull that the server ends with a leadership change of the consumer
+// (status 409 "Leadership Change": the pending pull requests of the old
+// leader are void) is re-issued at once for the slots still free, without
+// the lane's fetch back-off and without marking the source unbound: nats.go
+// does not re-issue it (NOTES.md), and waiting would stall the lane for
+// the back-off or a heartbeat timeout.
 func (s *JetStream) Fetch(ctx context.Context, max int, deliver func(*shaper.Message)) error {
+	got := 0
+	count := func(m *shaper.Message) { got++; deliver(m) }
+	for i := 0; ; i++ {
+		err := s.fetch(ctx, max-got, count)
+		if !errors.Is(err, jetstream.ErrConsumerLeadershipChanged) || i == leaderChangeRepulls || got >= max {
+			return err
+		}
+		s.log.Info("consumer leader changed; pull re-issued", "delivered", got)
+	}
+}
+
+// fetch is one pull request of Fetch.
+func (s *JetStream) fetch(ctx context.Context, max int, deliver func(*shaper.Message)) error {
 	c := s.cons.Load()
 	if c == nil {
 		if err := s.bind(ctx); err != nil {
@@ -223,6 +312,9 @@ func (s *JetStream) Fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 	}
 	if err := batch.Error(); err != nil {
 		s.notePin("", err)
+		if errors.Is(err, jetstream.ErrConsumerLeadershipChanged) {
+			return err // re-issued by Fetch; the consumer is still bound
+		}
 		return s.fail(ctx, err)
 	}
 	s.bound.Store(true)

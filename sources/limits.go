@@ -24,6 +24,9 @@ type StreamLimits struct {
 	// new publishes (a source stream: nothing is removed before the lane
 	// had it), DiscardOld removes the oldest (dead letters).
 	Discard jetstream.DiscardPolicy
+	// Replicas is the stream's replicas (R) on a cluster (source.replicas);
+	// 0 = the server's default (1).
+	Replicas int
 }
 
 // apply sets l on a stream to be created; nil leaves sc as it is.
@@ -35,6 +38,7 @@ func (l *StreamLimits) apply(sc *jetstream.StreamConfig) {
 	sc.MaxAge = l.MaxAge
 	sc.MaxBytes = maxBytes(l.MaxBytes)
 	sc.Discard = l.Discard
+	sc.Replicas = l.Replicas
 }
 
 // maxBytes is the server's spelling of a byte limit: -1 for none.
@@ -51,6 +55,12 @@ func maxBytes(n int64) int64 {
 func (l *StreamLimits) warnIfDiffers(log *slog.Logger, name string, have jetstream.StreamConfig) {
 	if l == nil || log == nil {
 		return
+	}
+	if want := max(l.Replicas, 1); max(have.Replicas, 1) != want {
+		// Changing the replicas of a stream in use moves its data between
+		// servers; that is the operator's decision, never shaper's.
+		log.Warn("stream replicas differ from source.replicas; the existing stream keeps its replicas",
+			"stream", name, "replicas", max(have.Replicas, 1), "want_replicas", want)
 	}
 	if have.Retention == l.Retention && have.MaxAge == l.MaxAge && maxBytes(have.MaxBytes) == maxBytes(l.MaxBytes) {
 		return

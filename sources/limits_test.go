@@ -82,4 +82,27 @@ func TestEnsureStreamLimits(t *testing.T) {
 		!strings.Contains(line, "want_retention=Limits") || !strings.Contains(line, "want_max_age=168h0m0s") {
 		t.Errorf("no warning naming the stream's and the configured retention:\n%s", logs.String())
 	}
+
+	// source.replicas 3 against an existing R1 stream (issue 13): the stream
+	// keeps its replicas, with a warning naming both.
+	r3 := *want
+	r3.Replicas = 3
+	logs.Reset()
+	if err := EnsureStreamLimits(ctx, js, "CREATED", []string{"created.>"}, &r3, log); err != nil {
+		t.Fatal(err)
+	}
+	if got := info("CREATED"); got.Replicas != 1 {
+		t.Errorf("existing stream's replicas changed to %d", got.Replicas)
+	}
+	if !strings.Contains(logs.String(), "stream replicas differ from source.replicas") ||
+		!strings.Contains(logs.String(), "replicas=1 want_replicas=3") {
+		t.Errorf("no warning naming the stream's and the configured replicas:\n%s", logs.String())
+	}
+	logs.Reset()
+	if err := EnsureStreamLimits(ctx, js, "CREATED", []string{"created.>"}, want, log); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), "replicas differ") {
+		t.Errorf("a replicas warning for a stream with the configured replicas:\n%s", logs.String())
+	}
 }

@@ -109,7 +109,12 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		url = d.ns.ClientURL()
 		d.log.Info("embedded nats started", "url", config.RedactURL(url), "store_dir", d.cfg.NATS.Embedded.StoreDir)
 	}
-	if d.nc, err = sources.Connect(url, d.log); err != nil {
+	sec, err := sources.Security{Creds: d.cfg.NATS.Creds, CAFile: d.cfg.NATS.TLS.CAFile,
+		CertFile: d.cfg.NATS.TLS.CertFile, KeyFile: d.cfg.NATS.TLS.KeyFile}.Options()
+	if err != nil {
+		return err
+	}
+	if d.nc, err = sources.Connect(url, d.log, sec...); err != nil {
 		return err
 	}
 	if d.js, err = jetstream.New(d.nc); err != nil {
@@ -118,7 +123,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if err := sources.CheckJetStream(ctx, d.js, config.RedactURL(url)); err != nil {
 		return err
 	}
-	if err := sources.EnsureStreamLimits(ctx, d.js, DeadStream, []string{DeadSubjects}, deadLetterLimits(d.cfg.DeadLetterStream), d.log); err != nil {
+	if err := sources.EnsureStreamLimits(ctx, d.js, DeadStream, []string{DeadSubjects}, deadLetterLimits(d.cfg.DeadLetterStream, maxReplicas(d.cfg)), d.log); err != nil {
 		return fmt.Errorf("dead-letter stream: %w", err)
 	}
 	names := make([]string, 0, len(d.cfg.Downstreams))
@@ -176,7 +181,7 @@ func (d *Daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 	if subj := lc.DeadLetter.Subject; subj != "" {
 		if _, err := d.js.StreamNameBySubject(ctx, subj); err != nil {
 			stream := "SHAPER_DEAD_" + strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(name))
-			if err := sources.EnsureStreamLimits(ctx, d.js, stream, []string{subj}, deadLetterLimits(d.cfg.DeadLetterStream), d.log); err != nil {
+			if err := sources.EnsureStreamLimits(ctx, d.js, stream, []string{subj}, deadLetterLimits(d.cfg.DeadLetterStream, maxReplicas(d.cfg)), d.log); err != nil {
 				return nil, fmt.Errorf("lane %q: dead-letter stream for %q: %w", name, subj, err)
 			}
 			d.log.Info("dead-letter stream created", "lane", name, "stream", stream, "subject", subj)
@@ -190,7 +195,7 @@ func (d *Daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 	src, err := sources.NewJetStream(ctx, d.js, sources.JetStreamConfig{
 		Stream: lc.Source.Stream, Subjects: lc.Source.Subjects, Durable: lc.Source.Consumer,
 		AckWait: lc.Source.AckWait, MaxAckPending: lc.EffectiveMaxAckPending(),
-		Limits: sourceLimits(lc.Source.Retention), Standby: lc.Source.Standby,
+		Limits: sourceLimits(lc.Source.Retention, lc.Source.Replicas), Standby: lc.Source.Standby,
 	}, d.log.With("lane", name))
 	if err != nil {
 		return nil, fmt.Errorf("lane %q: %w", name, err)
@@ -210,7 +215,7 @@ func (d *Daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 		opts = append(opts, drain.WithGlobal(d.redis.Lane(name), d.cfg.Redis.ReplicasHint))
 	}
 	if w := lc.Sink.DedupWindow; w > 0 { // SPEC §3 Delivered-key dedup
-		dd, err := sources.NewKVDedup(ctx, d.js, name, w, 1) // one replica, like SHAPER_CONTROL
+		dd, err := sources.NewKVDedup(ctx, d.js, name, w, lc.Source.Replicas) // as replicated as the lane's stream
 		if err != nil {
 			closeSink(sink)
 			closeSink(dead)
