@@ -288,3 +288,8 @@ func drainBody(resp *http.Response) {
 	}
 	_ = resp.Body.Close()
 }
+
+// fileDebounce is how long after the last change of a token, certificate
+// or key file the sink re-reads it (internal/filewatch): a rotation that
+// writes a certificate and then its key is one change.
+const fileDebounce = 100 * time.Millisecond

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+
+	"github.com/shaper-dev/shaper/internal/filewatch"
 )
 
 // sink.auth kind bearer_file: a token read from a file (auth.go).
@@ -25,7 +27,7 @@ func newBearerFile(path string, log *slog.Logger) (*bearerFile, error) {
 	if err := b.load(); err != nil {
 		return nil, &ConfigProblem{Key: "auth.path", Message: err.Error()}
 	}
-	stop, err := watchFiles([]string{path}, func() {
+	stop, err := filewatch.Watch([]string{path}, fileDebounce, func() {
 		if err := b.load(); err != nil {
 			log.Warn("sink kept its bearer token: the file did not re-read", "key", "sink.auth.path", "err", err)
 		}

@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"os"
 	"sync/atomic"
+
+	"github.com/shaper-dev/shaper/internal/filewatch"
 )
 
 // TLSFiles is the sink.tls key of an HTTP sink (SPEC §4): PEM files of the
@@ -148,7 +150,7 @@ func newTLSReloader(f TLSFiles, host string, log *slog.Logger) (*tlsReloader, er
 			paths = append(paths, p)
 		}
 	}
-	stop, err := watchFiles(paths, func() {
+	stop, err := filewatch.Watch(paths, fileDebounce, func() {
 		if p := r.load(); p != nil {
 			log.Warn("sink kept its TLS files: the changed ones did not load", "key", "sink."+p.Key, "err", p.Message)
 			return

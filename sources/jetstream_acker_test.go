@@ -5,9 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/shaper-dev/shaper/internal/testserver"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -16,16 +13,7 @@ import (
 // once: a retry or a Retry-After must not hammer the downstream, case C16),
 // a plain Nak at once, InProgress resets the ack wait, and Term ends it.
 func TestJetStreamAckerVerbs(t *testing.T) {
-	ns := testserver.NATS(t)
-	nc, err := Connect(ns.ClientURL(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testJetStream(t)
 	ctx := context.Background()
 	src, err := NewJetStream(ctx, js, JetStreamConfig{Stream: "ACK", Subjects: []string{"ack.>"}, Durable: "shaper-ack",
 		AckWait: 2 * time.Second, MaxAckPending: 10}, nil)

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/shaper-dev/shaper/internal/testserver"
 )
 
 // TestEnsureStreamLimits: issue 12 — a stream shaper creates gets the
@@ -18,16 +16,7 @@ import (
 // is left as it is and a warning says so; one with the same settings gets
 // no warning.
 func TestEnsureStreamLimits(t *testing.T) {
-	ns := testserver.NATS(t)
-	nc, err := Connect(ns.ClientURL(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testJetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var logs bytes.Buffer

@@ -7,15 +7,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"reflect"
 	"syscall"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
-
 	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/drain"
+	"github.com/shaper-dev/shaper/internal/filewatch"
 )
 
 // Reload applies a new configuration (SIGHUP or a change of the file,
@@ -189,45 +187,19 @@ func (d *Daemon) ApplyReload(trigger string, load func() (*config.Config, error)
 }
 
 // watchFile reports changes of the file at path (writes, or an editor's or
-// a Kubernetes ConfigMap's rename-into-place), debounced by 200 ms. It
-// watches the directory, since a rename replaces the file's inode.
+// a Kubernetes ConfigMap's rename-into-place), debounced by 200 ms
+// (internal/filewatch, which watches the directory: a rename replaces the
+// file's inode).
 func watchFile(path string, log *slog.Logger) (<-chan struct{}, func()) {
 	out := make(chan struct{}, 1)
-	w, err := fsnotify.NewWatcher()
+	stop, err := filewatch.Watch([]string{path}, 200*time.Millisecond, func() {
+		select {
+		case out <- struct{}{}:
+		default:
+		}
+	})
 	if err != nil {
 		log.Warn("config file not watched: reload with SIGHUP", "err", err)
-		return out, func() {}
 	}
-	abs, _ := filepath.Abs(path)
-	if err := w.Add(filepath.Dir(abs)); err != nil {
-		log.Warn("config file not watched: reload with SIGHUP", "err", err)
-		w.Close()
-		return out, func() {}
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		var debounce <-chan time.Time
-		for {
-			select {
-			case ev, ok := <-w.Events:
-				if !ok {
-					return
-				}
-				if filepath.Clean(ev.Name) == abs || filepath.Base(ev.Name) == "..data" {
-					debounce = time.After(200 * time.Millisecond)
-				}
-			case _, ok := <-w.Errors:
-				if !ok {
-					return
-				}
-			case <-debounce:
-				select {
-				case out <- struct{}{}:
-				default:
-				}
-			}
-		}
-	}()
-	return out, func() { w.Close(); <-done }
+	return out, stop
 }

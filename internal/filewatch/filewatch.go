@@ -1,4 +1,8 @@
-package sinks
+// Package filewatch reports changes of files the daemon re-reads: its
+// config file, and the HTTP sink's token, certificate and key files. It
+// watches their directories, so renames into place and Kubernetes' ..data
+// swaps are seen.
+package filewatch
 
 import (
 	"path/filepath"
@@ -8,18 +12,13 @@ import (
 	"github.com/fsnotify/fsnotify"
 )
 
-// fileDebounce is how long after the last event for a watched file
-// watchFiles calls back: a rotation that writes a certificate and then its
-// key, or a Vault agent's write-then-rename, is one change.
-const fileDebounce = 100 * time.Millisecond
-
-// watchFiles calls onChange, from a goroutine of its own, fileDebounce after
-// any of paths changes. It watches the files' directories, not the files,
+// Watch calls onChange, from a goroutine of its own, debounce after the
+// last event for any of paths (a rotation that writes a certificate and then
+// its key, or a Vault agent's write-then-rename, is one change). It watches the files' directories, not the files,
 // so that files renamed into place (Vault agent) and Kubernetes' swap of
-// the ..data link of projected volumes and secrets are seen too (as
-// cmd/shaper/internal/daemon watches its config file). stop ends the watch
+// the ..data link of projected volumes and secrets are seen too . stop ends the watch
 // and waits for a running onChange; it is never nil, also with an error.
-func watchFiles(paths []string, onChange func()) (stop func(), err error) {
+func Watch(paths []string, debounce time.Duration, onChange func()) (stop func(), err error) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return func() {}, err
@@ -44,7 +43,7 @@ func watchFiles(paths []string, onChange func()) (stop func(), err error) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		var debounce <-chan time.Time
+		var timer <-chan time.Time
 		for {
 			select {
 			case ev, ok := <-w.Events:
@@ -52,14 +51,14 @@ func watchFiles(paths []string, onChange func()) (stop func(), err error) {
 					return
 				}
 				if slices.Contains(files, filepath.Clean(ev.Name)) || filepath.Base(ev.Name) == "..data" {
-					debounce = time.After(fileDebounce)
+					timer = time.After(debounce)
 				}
 			case _, ok := <-w.Errors:
 				if !ok {
 					return
 				}
-			case <-debounce:
-				debounce = nil
+			case <-timer:
+				timer = nil
 				onChange()
 			}
 		}
