@@ -46,7 +46,7 @@ func chromiumPath(t *testing.T) string {
 
 // consoleConfig is a daemon with the admin token set and two lanes: ops
 // (20/s, capacity 100) to okURL and bad to badURL, whose 400s make dead
-// letters (rejected_by_sink).
+// letters (rejected_by_sink), with a daily quota (rate.quota).
 func consoleConfig(store, okURL, badURL string) string {
 	lane := func(name, limit string, capacity int, url string) string {
 		return fmt.Sprintf(`
@@ -66,7 +66,7 @@ admin: { listen: "127.0.0.1:0", token: %q }
 log: { level: info, format: text }
 shutdown: { drain_timeout: 2s }
 downstreams:%s%s
-`, store, consoleToken, lane("ops", "20/s", 100, okURL), lane("bad", "50/s", 100, badURL))
+`, store, consoleToken, lane("ops", "20/s", 100, okURL), lane("bad", "50/s, quota: { count: 100000, per: 24h }", 100, badURL))
 }
 
 // apiLane reads GET /v1/lanes/{lane} with Go's HTTP client.
@@ -193,6 +193,12 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	if n, err := strconv.Atoi(uiDepth); err != nil || n < v.Depth-10 || n > v.Depth+10 || v.Depth < 50 {
 		t.Errorf("depth: console %q, API %d (capacity %d, under a backlog of 400 at 20/s)", uiDepth, v.Depth, v.Capacity)
+	}
+	if got := text(field("bad", "state")); !strings.Contains(got, "quota left") {
+		t.Errorf("state cell of the lane with a quota %q, want what remains of it", got)
+	}
+	if got := text(field("ops", "state")); strings.Contains(got, "quota") {
+		t.Errorf("state cell of a lane without a quota %q, want no quota", got)
 	}
 	if got := text(field("ops", "capacity")); got != "100" {
 		t.Errorf("capacity cell %q, want 100", got)

@@ -225,6 +225,11 @@
       const until = v.paused_until ? 'until ' + fmtTime(new Date(v.paused_until)) : 'until resumed';
       c.state.append(el('span', { class: 'state-detail' }, until));
       if (v.pause_reason) c.state.append(el('span', { class: 'state-detail' }, v.pause_reason));
+    } else if (v.state === 'open' && v.pause_reason) { // the breaker: probing, or held after a 410
+      c.state.append(el('span', { class: 'state-detail' }, v.pause_reason));
+    }
+    if (v.quota_remaining !== null && v.quota_remaining !== undefined) { // rate.quota
+      c.state.append(el('span', { class: 'state-detail' }, 'quota left ' + String(v.quota_remaining)));
     }
     c.rate.textContent = fmtNum(v.rate_per_second);
     c.limit.textContent = fmtNum(v.limit_per_second);
