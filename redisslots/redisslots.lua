@@ -46,8 +46,12 @@ local seen = tonumber(st[3]) or 0
 -- behind). Move the schedule back by the step, so that it goes on from
 -- where it was instead of holding every replica for the step's length. (A
 -- step forward looks like idle time: the schedule then frees at most
--- 1 + slack slots at once, as a fresh key does.)
-if seen > now then
+-- 1 + slack slots at once, as a fresh key does.) A step back of less than
+-- a millisecond is taken for jitter of a virtual machine's clock, not a
+-- step: moving the schedule back by it could put one slot more into a
+-- window of the shared schedule; holding
+-- for it costs at most that millisecond.
+if seen - now >= 1000 then
   local step = seen - now
   tat = tat - step
   if pause > 0 then pause = pause - step end
