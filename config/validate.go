@@ -12,8 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"golang.org/x/net/http/httpguts"
 )
 
 // Values of bucket.overflow (SPEC §3 Overflow).
@@ -501,22 +499,3 @@ func subjectsOverlap(a, b string) bool {
 		}
 	}
 }
-
-// validStatusPattern reports whether s is a status code 100-599 or a class
-// 1xx-5xx (x case-insensitive), as the HTTP sink accepts them.
-func validStatusPattern(s string) bool {
-	if len(s) != 3 || s[0] < '1' || s[0] > '5' {
-		return false
-	}
-	if strings.EqualFold(s[1:], "xx") {
-		return true
-	}
-	return isDigits(s)
-}
-
-// isToken reports whether s is an RFC 9110 token (header names, methods).
-func isToken(s string) bool { return httpguts.ValidHeaderFieldName(s) }
-
-// validHeaderValue reports whether v can be sent as a header value: no
-// control characters other than horizontal tab (RFC 9110 §5.5).
-func validHeaderValue(v string) bool { return httpguts.ValidHeaderFieldValue(v) }

@@ -54,17 +54,6 @@ func TestBadSubjectAndName(t *testing.T) {
 	}
 }
 
-func TestValidStatusPattern(t *testing.T) {
-	for s, ok := range map[string]bool{
-		"2xx": true, "2XX": true, "5xx": true, "200": true, "204": true, "599": true, "100": true,
-		"6xx": false, "600": false, "099": false, "20": false, "2000": false, "x00": false, "": false, "2x0": false,
-	} {
-		if got := validStatusPattern(s); got != ok {
-			t.Errorf("validStatusPattern(%q) = %v, want %v", s, got, ok)
-		}
-	}
-}
-
 func TestKeyFromDecoderName(t *testing.T) {
 	for in, want := range map[string]string{
 		"rate.limit":               "rate.limit",

@@ -6,14 +6,11 @@ package config
 import (
 	"fmt"
 	"math"
-	"net/http"
-	"net/url"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/sinks"
 )
 
 // lane checks one lane, section by section: source, bucket, rate, task,
@@ -224,54 +221,27 @@ func (v *validator) sink(name string, l Lane) {
 	v.sinkAuthIgnored(name, s) // sink_auth.go
 }
 
-// reservedHeaders are set by the HTTP sink itself or by the HTTP client
-// (see sinks.HTTPConfig); canonical form.
-var reservedHeaders = []string{"Idempotency-Key", "X-Shaper-Subject", "X-Shaper-Delivery",
-	"Content-Length", "Transfer-Encoding", "Trailer", "Connection"}
-
+// httpSink reports the HTTP sink's own checks (sinks.CheckHTTP: the rules
+// live in sinks, SPEC §7) with their key paths, the URL shown redacted; a
+// URL with placeholders is checked against the lane's subjects
+// (urltemplate.go); an explicitly empty success_status is a config error.
 func (v *validator) httpSink(name string, s Sink) {
 	k := func(rel string) string { return "downstreams." + name + ".sink." + rel }
-	if s.URL == "" {
-		v.check(false, k("url"), "required for sink kind http (an http:// or https:// URL)")
-	} else if hasPlaceholders(s.URL) { // a per-message address: config/urltemplate.go
+	templated := s.URL != "" && hasPlaceholders(s.URL)
+	if templated { // a per-message address: config/urltemplate.go
 		v.urlTemplate(name, s.URL, v.c.Downstreams[name].Source.Subjects)
-	} else if u, err := url.Parse(s.URL); err != nil {
-		v.check(false, k("url"), "%s is not a valid URL", v.show(k("url"), s.URL))
-	} else if u.Scheme == "" {
-		v.check(false, k("url"), "%s has no scheme: want an http:// or https:// URL", v.show(k("url"), s.URL))
-	} else if u.Scheme != "http" && u.Scheme != "https" {
-		v.check(false, k("url"), "%s: scheme must be http or https", v.show(k("url"), s.URL))
-	} else if u.Host == "" {
-		v.check(false, k("url"), "%s has no host", v.show(k("url"), s.URL))
 	}
-	v.check(isToken(s.Method), k("method"), "%q is not a valid HTTP method", s.Method)
-	v.check(len(s.SuccessStatus) > 0, k("success_status"), "at least one status is required (e.g. 2xx)")
-	for i, st := range s.SuccessStatus {
-		v.check(validStatusPattern(st), fmt.Sprintf("%s[%d]", k("success_status"), i),
-			"%q is not a status code 100-599 or a class 1xx-5xx", st)
-	}
-	for i, code := range s.RetryableStatus {
-		v.check(code >= 100 && code <= 599, fmt.Sprintf("%s[%d]", k("retryable_status"), i),
-			"must be a status code 100-599, got %d", code)
-	}
-	headers := make([]string, 0, len(s.Headers))
-	for h := range s.Headers {
-		headers = append(headers, h)
-	}
-	slices.Sort(headers)
-	for _, h := range headers {
-		key := k("headers." + h)
-		canon := http.CanonicalHeaderKey(h)
+	for _, p := range sinks.CheckHTTP(sinks.HTTPConfig{URL: s.URL, Method: s.Method, Headers: s.Headers,
+		SuccessStatus: s.SuccessStatus, RetryableStatus: s.RetryableStatus}) {
 		switch {
-		case !isToken(h):
-			v.check(false, key, "%q is not a valid header name", h)
-		case slices.Contains(reservedHeaders, canon) || strings.HasPrefix(canon, "X-Nats-"):
-			v.check(false, key, "%q is reserved: shaper or the HTTP client sets it", canon)
-		case !validHeaderValue(s.Headers[h]):
-			// Never quote the value: it may be a secret.
-			v.check(false, key, "value contains control characters")
+		case p.Key == "url" && templated: // reported by urlTemplate
+		case p.Key == "url" && s.URL != "":
+			v.check(false, k(p.Key), "%s %s", v.show(k("url"), s.URL), p.Message)
+		default:
+			v.check(false, k(p.Key), "%s", p.Message)
 		}
 	}
+	v.check(len(s.SuccessStatus) > 0, k("success_status"), "at least one status is required (e.g. 2xx)")
 	v.sinkAuthTLS(name, s) // sink_auth.go
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,22 +16,71 @@ import (
 	"golang.org/x/net/http/httpguts"
 )
 
-// configure checks cfg and fills s's method, headers, host and status sets
-// from it; it returns every problem found.
+// CheckHTTP returns every problem of cfg's URL, method, headers and status
+// sets, each with its key relative to the sink (url, method,
+// headers.<name>, success_status[i], retryable_status[i]). A message never
+// quotes the URL nor a header's value (both may be secret). NewHTTP runs
+// these checks, and config calls CheckHTTP to report them with their key
+// paths at load (SPEC §7: the HTTP sink's checks live in sinks). An empty
+// SuccessStatus means 2xx; sink.auth, sink.tls and sink.signing have checks
+// of their own (CheckAuth, CheckTLS, ParseWebhookSecret).
+func CheckHTTP(cfg HTTPConfig) []*ConfigProblem {
+	var ps []*ConfigProblem
+	add := func(key, format string, args ...any) {
+		ps = append(ps, &ConfigProblem{Key: key, Message: fmt.Sprintf(format, args...)})
+	}
+	switch u, err := url.Parse(cfg.URL); {
+	case cfg.URL == "":
+		add("url", "required for sink kind http (an http:// or https:// URL)")
+	case strings.ContainsAny(cfg.URL, "{}"): // a per-message address: urltemplate.go
+		if _, err := ParseURLTemplate(cfg.URL); err != nil {
+			add("url", "%v", err)
+		}
+	case err != nil:
+		add("url", "is not a valid URL")
+	case u.Scheme == "":
+		add("url", "has no scheme: want an http:// or https:// URL")
+	case u.Scheme != "http" && u.Scheme != "https":
+		add("url", "scheme must be http or https")
+	case u.Host == "":
+		add("url", "has no host")
+	}
+	if m := cfg.Method; m != "" && !isToken(m) {
+		add("method", "%q is not a valid HTTP method", m)
+	}
+	for _, name := range slices.Sorted(maps.Keys(cfg.Headers)) {
+		if err := checkConfiguredHeader(name, cfg.Headers[name]); err != nil {
+			add("headers."+name, "%q %v", http.CanonicalHeaderKey(name), err)
+		}
+	}
+	var set statusSet
+	for i, v := range cfg.SuccessStatus {
+		if err := set.addPattern(v); err != nil {
+			add(fmt.Sprintf("success_status[%d]", i), "%q is not a status code 100-599 or a class 1xx-5xx", v)
+		}
+	}
+	for i, code := range cfg.RetryableStatus {
+		if code < 100 || code > 599 {
+			add(fmt.Sprintf("retryable_status[%d]", i), "must be a status code 100-599, got %d", code)
+		}
+	}
+	return ps
+}
+
+// configure checks cfg (CheckHTTP and the checks of auth, tls and signing)
+// and fills s's URL, method, headers, host and status sets from it; it
+// returns every problem found.
 func (s *HTTP) configure(cfg HTTPConfig) []error {
 	var errs []error
-	var err error
-	if s.url, err = ParseURLTemplate(cfg.URL); err != nil { // urltemplate.go
-		errs = append(errs, fmt.Errorf("url: %w", err))
+	for _, p := range CheckHTTP(cfg) {
+		errs = append(errs, p)
 	}
+	s.url, _ = ParseURLTemplate(cfg.URL)    // checked above
 	signer, serrs := newSigner(cfg.Signing) // signing.go
 	s.signer, errs = signer, append(errs, serrs...)
 	errs = append(errs, signer.reservedIn(cfg.Headers)...)
 	if s.method == "" {
 		s.method = DefaultMethod
-	}
-	if !isToken(s.method) {
-		errs = append(errs, fmt.Errorf("method %q: not a valid HTTP method", s.method))
 	}
 	for _, std := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
 		http.MethodPatch, http.MethodDelete, http.MethodOptions} {
@@ -40,15 +90,13 @@ func (s *HTTP) configure(cfg HTTPConfig) []error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Headers)) {
 		value := cfg.Headers[name]
-		if err := checkConfiguredHeader(name, value); err != nil {
-			errs = append(errs, fmt.Errorf("headers.%s: %w", name, err))
-			continue
-		}
-		if http.CanonicalHeaderKey(name) == "Host" {
+		switch {
+		case checkConfiguredHeader(name, value) != nil: // reported by CheckHTTP
+		case http.CanonicalHeaderKey(name) == "Host":
 			s.host = value
-			continue
+		default:
+			s.headers.Set(name, value)
 		}
-		s.headers.Set(name, value)
 	}
 	if s.headers.Get("User-Agent") == "" {
 		s.headers.Set("User-Agent", "shaper")
@@ -57,17 +105,13 @@ func (s *HTTP) configure(cfg HTTPConfig) []error {
 	if len(success) == 0 {
 		success = []string{"2xx"}
 	}
-	for i, v := range success {
-		if err := s.success.addPattern(v); err != nil {
-			errs = append(errs, fmt.Errorf("success_status[%d] %q: %w", i, v, err))
-		}
+	for _, v := range success {
+		_ = s.success.addPattern(v) // checked by CheckHTTP
 	}
-	for i, code := range cfg.RetryableStatus {
-		if code < 100 || code > 599 {
-			errs = append(errs, fmt.Errorf("retryable_status[%d] %d: must be between 100 and 599", i, code))
-			continue
+	for _, code := range cfg.RetryableStatus {
+		if code >= 100 && code <= 599 {
+			s.retryable.add(code)
 		}
-		s.retryable.add(code)
 	}
 	for _, p := range append(CheckAuth(cfg.Auth, cfg.Headers), CheckTLS(cfg.TLS, cfg.URL)...) {
 		errs = append(errs, p)
