@@ -101,6 +101,11 @@ type held struct {
 // Run runs arrivals (sorted or not) through a lane configured as cfg, which
 // must have passed config.Validate, until every message departed or was
 // dead-lettered.
+//
+// It is long (about 150 lines) on purpose: it is the one event loop of the
+// simulation, and the order in which the events of one instant are taken
+// (arrivals, expiry, departures, finished calls) reads top to bottom, as in
+// the daemon's departure loop it mirrors.
 func Run(cfg config.Lane, arrivals []Arrival, opt Options) Result {
 	arrivals = slices.Clone(arrivals)
 	slices.SortStableFunc(arrivals, func(a, b Arrival) int { return cmp.Compare(a.At, b.At) })

@@ -19,6 +19,10 @@ const (
 // legend, as a standalone SVG. Elements carry ids (x-axis, y-axis,
 // y2-axis, arrivals, departures, depth, legend) so tests can check the
 // structure.
+//
+// It is long (about 110 lines): it writes the picture top to bottom (frame,
+// axes and ticks, the three series, the legend), and the coordinates it
+// computes once are shared by all of them.
 func (r Result) WriteSVG(w io.Writer, title string) error {
 	rows := r.Seconds()
 	secs := float64(len(rows))

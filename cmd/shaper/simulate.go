@@ -16,6 +16,7 @@ import (
 
 // simulateCmd is `shaper simulate` (SPEC §5): a lane's own rules on a
 // virtual clock against a trace or a synthetic burst (package simulate).
+// Long because each flag and its check is a line of its own.
 func simulateCmd(stdout, stderr io.Writer) *cobra.Command {
 	var (
 		lane, trace, svg string
