@@ -140,9 +140,8 @@ func (l *Lane) wakeDepartures() {
 // redeliveries). It returns how many it took from the bucket. Messages in
 // flight finish their attempt.
 func (l *Lane) Purge(upTo uint64) int {
-	l.mu.Lock()
-	l.purgeUpTo = max(l.purgeUpTo, upTo)
-	l.mu.Unlock()
+	for cur := l.purgeUpTo.Load(); upTo > cur && !l.purgeUpTo.CompareAndSwap(cur, upTo); cur = l.purgeUpTo.Load() {
+	}
 	removed, empty := l.bucket.RemoveIf(func(m *shaper.Message) bool { return m.StreamSeq <= upTo })
 	if empty {
 		l.mu.Lock()
@@ -157,12 +156,9 @@ func (l *Lane) Purge(upTo uint64) int {
 	return len(removed)
 }
 
-// purged reports whether m falls under a purge.
-func (l *Lane) purged(m *shaper.Message) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return m.StreamSeq <= l.purgeUpTo
-}
+// purged reports whether m falls under a purge. Every admission asks, so it
+// takes no lock (purgeUpTo only grows).
+func (l *Lane) purged(m *shaper.Message) bool { return m.StreamSeq <= l.purgeUpTo.Load() }
 
 // purge dead-letters ms with reason purged, one after the other in the
 // order they were purged (the bucket's order, then arrival): a replay of

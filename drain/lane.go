@@ -91,7 +91,7 @@ type Lane struct {
 	lastDeparture time.Time
 	global        *globalState      // rate.global (WithGlobal); nil = local only
 	hold          *Hold             // an operator's pause (control.go); nil = none
-	purgeUpTo     uint64            // messages up to this stream sequence are purged
+	purgeUpTo     atomic.Uint64     // messages up to this stream sequence are purged
 	purgeQ        []*shaper.Message // purged, waiting for their dead letter in order
 	purging       bool              // a goroutine works through purgeQ
 	pauseLogged   time.Time         // the end of the last pause whose end was logged
