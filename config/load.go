@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -52,16 +53,14 @@ import (
 // A file that cannot be read or parsed returns a plain error.
 func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 	v := viper.New()
-	path, haveFile, warns, err := readFile(v, path)
+	path, raw, haveFile, warns, err := readFile(v, path)
 	if err != nil {
 		return nil, warns, err
 	}
 
 	p := newProblems()
 	if haveFile {
-		if raw, err := os.ReadFile(path); err == nil {
-			caseClashes(p, raw)
-		}
+		caseClashes(p, raw)
 	}
 
 	// The file alone: unknown keys and mappings where values belong (and the
@@ -93,38 +92,40 @@ func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 }
 
 // readFile reads the config file at path (DefaultPath when empty) into v
-// and returns the path read. A missing default file is a warning, not an
-// error: then haveFile is false.
-func readFile(v *viper.Viper, path string) (_ string, haveFile bool, warns []Warning, _ error) {
+// and returns the path read and its bytes. A missing default file is a
+// warning, not an error: then haveFile is false. The file is read once, so
+// that a write in progress cannot give viper one version and the other
+// checks another; an empty file (a truncate-then-write caught in between,
+// C31) is an error that says so, never a configuration of defaults.
+func readFile(v *viper.Viper, path string) (_ string, raw []byte, haveFile bool, warns []Warning, _ error) {
 	explicit := path != ""
 	if !explicit {
 		path = DefaultPath
 	}
-	haveFile = true
-	if _, err := os.Stat(path); err != nil {
+	raw, err := os.ReadFile(path)
+	if err != nil {
 		if !explicit && errors.Is(err, fs.ErrNotExist) {
-			haveFile = false
 			warns = append(warns, Warning{Key: "config", Message: fmt.Sprintf(
 				"%s not found: using defaults, environment and flags only", path)})
-		} else {
-			return path, haveFile, warns, fmt.Errorf("config: %w", err)
+			return path, nil, false, warns, nil
 		}
+		return path, nil, true, warns, fmt.Errorf("config: %w", err)
 	}
-	if haveFile {
-		v.SetConfigFile(path)
-		if ext := strings.TrimPrefix(filepath.Ext(path), "."); !slices.Contains(viper.SupportedExts, ext) {
-			v.SetConfigType("yaml")
-		}
-		if err := v.ReadInConfig(); err != nil {
-			if raw, rerr := os.ReadFile(path); rerr == nil {
-				if yerr := yamlSyntaxError(raw); yerr != nil { // the line of the problem (yamlerr.go)
-					return path, haveFile, warns, fmt.Errorf("config: %s: %w", path, yerr)
-				}
-			}
-			return path, haveFile, warns, fmt.Errorf("config: read %s: %w", path, err)
-		}
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return path, raw, true, warns, fmt.Errorf("config: %s is empty (a write still in progress?): nothing was applied", path)
 	}
-	return path, haveFile, warns, nil
+	ext := strings.TrimPrefix(filepath.Ext(path), ".")
+	if !slices.Contains(viper.SupportedExts, ext) {
+		ext = "yaml"
+	}
+	v.SetConfigType(ext)
+	if err := v.ReadConfig(bytes.NewReader(raw)); err != nil {
+		if yerr := yamlSyntaxError(raw); yerr != nil { // the line of the problem (yamlerr.go)
+			return path, raw, true, warns, fmt.Errorf("config: %s: %w", path, yerr)
+		}
+		return path, raw, true, warns, fmt.Errorf("config: read %s: %w", path, err)
+	}
+	return path, raw, true, warns, nil
 }
 
 // setDefaults sets the defaults of the top level and of each lane in v and

@@ -956,3 +956,15 @@ downstreams:
 		}
 	}
 }
+
+// TestLoad_EmptyFileIsAnError: C31 — a config file caught between the
+// truncate and the write of a truncate-then-write is empty: Load says so
+// and returns no configuration, never one of defaults.
+func TestLoad_EmptyFileIsAnError(t *testing.T) {
+	for _, text := range []string{"", "  \n\t\n"} {
+		err := loadErr(t, text)
+		if !strings.Contains(err.Error(), "is empty") {
+			t.Errorf("Load(%q): %v, want an error saying the file is empty", text, err)
+		}
+	}
+}

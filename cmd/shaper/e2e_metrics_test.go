@@ -4,6 +4,7 @@ package main
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -48,14 +49,23 @@ type sample struct {
 	value  float64
 }
 
-// scrape reads http://addr/metrics and parses the samples. It understands
-// what client_golang writes (no escapes in label values, no timestamps).
+// scrape reads http://addr/metrics and parses the samples (parseMetrics).
 func scrape(t *testing.T, addr string) []sample {
 	t.Helper()
 	code, body, err := httpGet("http://" + addr + "/metrics")
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("GET /metrics: code %d, err %v", code, err)
 	}
+	out, err := parseMetrics(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// parseMetrics parses the Prometheus text format as client_golang writes
+// it (no escapes in label values, no timestamps).
+func parseMetrics(body string) ([]sample, error) {
 	var out []sample
 	sc := bufio.NewScanner(strings.NewReader(body))
 	for sc.Scan() {
@@ -66,7 +76,7 @@ func scrape(t *testing.T, addr string) []sample {
 		sp := strings.LastIndexByte(line, ' ')
 		v, err := strconv.ParseFloat(line[sp+1:], 64)
 		if err != nil {
-			t.Fatalf("metrics line %q: %v", line, err)
+			return nil, fmt.Errorf("metrics line %q: %w", line, err)
 		}
 		s := sample{labels: map[string]string{}, value: v}
 		head := line[:sp]
@@ -81,7 +91,7 @@ func scrape(t *testing.T, addr string) []sample {
 		}
 		out = append(out, s)
 	}
-	return out
+	return out, nil
 }
 
 // metricValue returns the value of the series name{labels}, failing the
