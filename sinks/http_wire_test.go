@@ -62,6 +62,10 @@ import (
 //     in 4 of 12 runs (3 of them with -race). Since the pacer keeps 400 µs
 //     (shaper's jitterBudget) the windows and the rate at 1,000/s held in
 //     every run (−0.07 %, −0.19 %, −0.21 % with -race) and are asserted.
+//     The rate is asserted without -race only (scripts/test.sh runs this
+//     test a second time without it): one CI run of the race suite saw
+//     992.7/s (−0.73 %) when the race detector's CPU cost met a loaded
+//     machine, and the product is never built with it.
 //   - Rate at 1,000/s: −0.04 to −1.1 % (−0.2 to −2.3 % with -race), lost
 //     already at the departures. Wire reports later than the usual delay
 //     push the floor: with the wire hold hidden from the lane (a test-only
@@ -95,7 +99,7 @@ func TestHTTPWireRate(t *testing.T) {
 				case always || strict:
 					t.Error("SPEC G1: " + msg)
 				default:
-					t.Log("SPEC G1 (asserted with " + envHTTPWireHi + "=1): " + msg)
+					t.Log("SPEC G1, logged and not asserted in this run (see the doc of TestHTTPWireRate; all is asserted with " + envHTTPWireHi + "=1): " + msg)
 				}
 			}
 			for _, w := range []time.Duration{time.Second, 100 * time.Millisecond} {
@@ -105,8 +109,11 @@ func TestHTTPWireRate(t *testing.T) {
 						w, got, bound, start.Sub(r.stamps[0]).Round(time.Microsecond)))
 				}
 			}
+			// The rate is a claim about the product, never built with the
+			// race detector: under -race it is logged, and scripts/test.sh
+			// runs this test again without -race, where it is asserted.
 			if off := r.rate/float64(tc.limit) - 1; math.Abs(off) > 0.005 {
-				check(tc.reliable, fmt.Sprintf("rate at the downstream %.2f/s over %v, %+.3f%% off %d/s (allowed 0.5%%)",
+				check(tc.reliable && !raceEnabled, fmt.Sprintf("rate at the downstream %.2f/s over %v, %+.3f%% off %d/s (allowed 0.5%%)",
 					r.rate, r.span.Round(time.Millisecond), 100*off, tc.limit))
 			}
 			iv := time.Second / time.Duration(tc.limit)
