@@ -309,3 +309,63 @@ func TestGlobalQuotaTwoReplicas(t *testing.T) {
 	t.Logf("%d departures in %v (replicas %v); max %d in 2 s, %d in 1 s; a call at most %v after its departure", len(ts),
 		ts[len(ts)-1].Sub(first).Round(time.Millisecond), per0, maxIn(ts, per), maxInClosed(ts, time.Second), late)
 }
+
+// TestGlobalQuotaFallbackShare: while Redis is down a global lane with a
+// quota paces alone at limit / replicas_hint and keeps count /
+// replicas_hint of the quota (drain/quota.go quotaCount), so that two
+// replicas in the fallback together stay within count: quota 20 per 2 s,
+// hint 2, redis-server killed before the start. The replica departs 10,
+// waits until the first is quotaGap old (2 s + margins), departs 10 more;
+// no 2 s window holds more than 10.
+func TestGlobalQuotaFallbackShare(t *testing.T) {
+	rd := startRedis(t)
+	rd.Kill()
+	cfg := config.Lane{
+		Source: config.Source{Stream: "MEM", Subjects: []string{"jobs"}, Consumer: "shaper-q", AckWait: time.Minute, MaxDeliver: 5},
+		Bucket: config.Bucket{Capacity: 100, Overflow: config.OverflowBlock},
+		Rate: config.Rate{Limit: 50, Global: true, MinSpacing: shaper.DefaultMinSpacing, Warmup: config.Warmup{ColdFactor: 3},
+			Quota: config.Quota{Count: 20, Per: 2 * time.Second}},
+		Task: config.Task{Timeout: 5 * time.Second, MaxInFlight: 4,
+			Retry: config.Retry{Backoff: []time.Duration{time.Second}, RetryAfter: true, MaxDelay: time.Minute}},
+		DeadLetter: config.DeadLetter{Subject: "shaper.dead.q"},
+		Sink:       config.Sink{Kind: config.SinkLog},
+	}
+	rs, err := NewRedisSlots(config.Redis{Addr: rd.Addr, KeyPrefix: "quota", Timeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	src := sourcetest.NewMem(cfg.Source.AckWait)
+	src.Publish(100)
+	m := metrics.New(prometheus.NewRegistry()).Lane("payments", 50)
+	down := &stampSink{}
+	lane, err := drain.New("payments", cfg, src, down, drain.WithMetrics(m), drain.WithLogger(slog.New(slog.DiscardHandler)),
+		drain.WithGlobal(rs.Lane("payments"), 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	lane.Start()
+	sleepUntil(start.Add(1500 * time.Millisecond))
+	st := lane.Status(time.Now())
+	fb, paused := testutil.ToFloat64(m.Fallback), testutil.ToFloat64(m.Paused)
+	sleepUntil(start.Add(3 * time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	lane.Drain(ctx)
+	cancel()
+	src.Close()
+	ts, _ := down.snapshot()
+	if fb != 1 || paused != 1 || !st.QuotaWait || st.QuotaRemaining != 0 {
+		t.Errorf("at 1.5 s: fallback gauge %v, paused gauge %v, quota wait %v, remaining %d; want 1, 1, true, 0 (the share of 10 spent)",
+			fb, paused, st.QuotaWait, st.QuotaRemaining)
+	}
+	if n := maxIn(ts, 2*time.Second); n != 10 {
+		t.Errorf("%d departures in a 2 s window in the fallback, want 10 (count / replicas_hint)", n)
+	}
+	if len(ts) < 11 {
+		t.Fatalf("%d departures in 3 s, want 10 and the next window's first", len(ts))
+	}
+	if d := ts[10].Sub(ts[0]); d < 2*time.Second+shaper.QuotaMargin || d > 2*time.Second+100*time.Millisecond {
+		t.Errorf("departure 11 is %v after the first, want just past 2.002 s (the share renews)", d)
+	}
+}
