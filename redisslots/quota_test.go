@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -60,6 +61,9 @@ func TestRedisQuotaAnswer(t *testing.T) {
 			t.Fatal(err)
 		}
 		slots = append(slots, s)
+		if n := ls.QuotaRemaining(); n != count-len(slots) {
+			t.Errorf("remaining after %d grants: %d, want %d", len(slots), n, count-len(slots))
+		}
 	}
 	if len(slots) != count || wait == nil {
 		t.Fatalf("%d slots before the quota answer (%v), want %d then a *drain.QuotaWait", len(slots), wait, count)
@@ -367,5 +371,67 @@ func TestGlobalQuotaFallbackShare(t *testing.T) {
 	}
 	if d := ts[10].Sub(ts[0]); d < 2*time.Second+shaper.QuotaMargin || d > 2*time.Second+100*time.Millisecond {
 		t.Errorf("departure 11 is %v after the first, want just past 2.002 s (the share renews)", d)
+	}
+}
+
+// BenchmarkReserveQuota measures what the shared quota costs Redis: one
+// lane at 100/s, reservations back to back, without a quota and with
+// {count: 200000, per: 24h} (the list grows to b.N grants; the quota is
+// not spent), and with {count: 1000, per: 1s} (the list trimmed on every
+// grant).
+// redis_us/call is the server's own time per script call (INFO
+// commandstats, usec_per_call of evalsha), which the machine's other load
+// moves less than the round trip.
+func BenchmarkReserveQuota(b *testing.B) {
+	for _, tc := range []struct {
+		name  string
+		count int
+		per   time.Duration
+	}{{"none", 0, time.Hour}, {"200000_per_24h", 200000, 24 * time.Hour}, {"1000_per_1s", 1000, time.Second}} {
+		b.Run(tc.name, func(b *testing.B) {
+			rd := startRedis(b)
+			rs, err := NewRedisSlots(config.Redis{Addr: rd.Addr, KeyPrefix: "bench", Timeout: time.Second})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer rs.Close()
+			ls := rs.Lane("bench")
+			ctx := context.Background()
+			req := quotaReq(interval(100), tc.count, tc.per)
+			if _, err := ls.Reserve(ctx, req); err != nil {
+				b.Fatal(err)
+			}
+			stats := func() (calls, usec float64) {
+				info := rs.client.Info(ctx, "commandstats").Val()
+				for _, line := range strings.Split(info, "\n") {
+					if !strings.HasPrefix(line, "cmdstat_evalsha:") {
+						continue
+					}
+					for _, kv := range strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "cmdstat_evalsha:")), ",") {
+						k, v, _ := strings.Cut(kv, "=")
+						f, _ := strconv.ParseFloat(v, 64)
+						switch k {
+						case "calls":
+							calls = f
+						case "usec":
+							usec = f
+						}
+					}
+				}
+				return calls, usec
+			}
+			c0, u0 := stats()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := ls.Reserve(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			c1, u1 := stats()
+			if c1 > c0 {
+				b.ReportMetric((u1-u0)/(c1-c0), "redis_us/call")
+			}
+		})
 	}
 }

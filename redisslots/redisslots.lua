@@ -133,6 +133,14 @@ local qgap = tonumber(ARGV[8] or '0') or 0
 if qcount >= 1 and qper > 0 then
   if qgap < qper then qgap = qper end
   local qkey = KEYS[2]
+  -- Grants that bind nothing any more (gap old at start) leave the list,
+  -- each once: the list holds the window and its margin only, so that
+  -- what remains is counted from the head in a few steps.
+  while true do
+    local h = redis.call('LINDEX', qkey, 0)
+    if not h or tonumber(h) + qgap > start then break end
+    redis.call('LPOP', qkey)
+  end
   local n = redis.call('LLEN', qkey)
   -- The earliest instant slot j of this lease may have: gap after the
   -- count-th grant before it, in the list followed by this lease's own
@@ -168,15 +176,16 @@ if qcount >= 1 and qper > 0 then
   local life = start + (granted - 1) * iv + qgap - now
   if life < 0 then life = 0 end
   redis.call('PEXPIRE', qkey, string.format('%d', math.floor(life / 1000) + 60000))
-  -- What remains: count less the grants in (now - per, now] or later,
-  -- found by bisection (the list is in grant order).
+  -- What remains: count less the grants in (now - per, now] or later.
+  -- The list is in grant order and holds nothing older than gap (plus
+  -- the make-up lag), so the grants already out of the window are the
+  -- few at its head, within the margin.
   local len = redis.call('LLEN', qkey)
-  local lo, hi = 0, len
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    if tonumber(redis.call('LINDEX', qkey, mid)) > now - qper then hi = mid else lo = mid + 1 end
+  local out = 0
+  while out < len and tonumber(redis.call('LINDEX', qkey, out)) <= now - qper do
+    out = out + 1
   end
-  remaining = qcount - (len - lo)
+  remaining = qcount - (len - out)
   if remaining < 0 then remaining = 0 end
 end
 tat = start + granted * iv
