@@ -435,3 +435,33 @@ func BenchmarkReserveQuota(b *testing.B) {
 		})
 	}
 }
+
+// TestRedisQuotaRemainingMargin: a grant older than per but younger than
+// the gap still binds (it stays in the list) but no longer counts in what
+// remains. The script is called directly with a gap of 400 ms for a window
+// of 100 ms, count 3: two grants, 150 ms later a third, and 2 remain (only
+// the third is in the window), not 0.
+func TestRedisQuotaRemainingMargin(t *testing.T) {
+	rd := startRedis(t)
+	ls := newSlots(t, rd.Addr).Lane("margin")
+	ctx := context.Background()
+	reserve := func() []string {
+		t.Helper()
+		// interval 10 ms, k 1, slack 0, lag 0, count 3, per 100 ms, gap 400 ms
+		_, res, _, _, err := ls.runAll(ctx, "reserve", "10000", "1", "0", "0", "3", "100000", "400000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	reserve()
+	reserve()
+	time.Sleep(150 * time.Millisecond)
+	res := reserve()
+	if res[3] != "1" || res[4] != "2" {
+		t.Errorf("third grant %v: granted %s, remaining %s; want 1 and 2 (the first two are out of the window)", res, res[3], res[4])
+	}
+	if n, _ := ls.r.client.LLen(ctx, ls.qkey).Result(); n != 3 {
+		t.Errorf("list holds %d, want 3 (the first two still bind: younger than the gap)", n)
+	}
+}
