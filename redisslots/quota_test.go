@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -381,7 +382,8 @@ func TestGlobalQuotaFallbackShare(t *testing.T) {
 // grant).
 // redis_us/call is the server's own time per script call (INFO
 // commandstats, usec_per_call of evalsha), which the machine's other load
-// moves less than the round trip.
+// moves less than the round trip; cpu_us/op is this process's CPU (user +
+// system, getrusage) per reservation.
 func BenchmarkReserveQuota(b *testing.B) {
 	for _, tc := range []struct {
 		name  string
@@ -420,7 +422,13 @@ func BenchmarkReserveQuota(b *testing.B) {
 				}
 				return calls, usec
 			}
+			cpu := func() time.Duration {
+				var ru syscall.Rusage
+				_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+				return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+			}
 			c0, u0 := stats()
+			cpu0 := cpu()
 			b.ResetTimer()
 			for range b.N {
 				if _, err := ls.Reserve(ctx, req); err != nil {
@@ -428,6 +436,7 @@ func BenchmarkReserveQuota(b *testing.B) {
 				}
 			}
 			b.StopTimer()
+			b.ReportMetric(float64(cpu()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu_us/op")
 			c1, u1 := stats()
 			if c1 > c0 {
 				b.ReportMetric((u1-u0)/(c1-c0), "redis_us/call")
