@@ -63,6 +63,12 @@ func (l *Lane) sharedQuotaWait(until, now time.Time) time.Time {
 	if l.quota.q == nil { // a reload took the quota away meanwhile
 		return now
 	}
+	if !until.After(now) {
+		// The answer's instant, converted to this clock after a round
+		// trip, may already have passed: still no slot was taken, so the
+		// loop must ask again, not depart.
+		until = now.Add(time.Microsecond)
+	}
 	l.quota.shared = until
 	at, _ := l.quotaUntil(now, now)
 	return at

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -31,7 +32,7 @@ func quotaReq(iv time.Duration, count int, per time.Duration) drain.SlotRequest 
 }
 
 // TestRedisQuotaAnswer: the script's quota answer (SPEC §3 Quota, shared
-// through Redis). Two replicas on one lane key, quota 5 per 300 ms at
+// through Redis). Two replicas on one lane key, quota 5 per 400 ms at
 // 20/s: together they get exactly 5 slots, one interval apart; the 6th
 // request, from either replica, takes no slot and is told to wait until the
 // first slot is quotaGap old; what remains is 0 then, and the list in
@@ -44,7 +45,7 @@ func TestRedisQuotaAnswer(t *testing.T) {
 	rs := newSlots(t, rd.Addr)
 	a, b := rs.Lane("q"), newSlots(t, rd.Addr).Lane("q")
 	ctx := context.Background()
-	const count, per = 5, 300 * time.Millisecond
+	const count, per = 5, 400 * time.Millisecond
 	iv := interval(20)
 	req := quotaReq(iv, count, per)
 	var slots []time.Time
@@ -222,6 +223,7 @@ func TestGlobalQuotaTwoReplicas(t *testing.T) {
 		lane *drain.Lane
 		m    *metrics.Lane
 		src  *sourcetest.Mem
+		log  *spentLog
 	}
 	var reps []replica
 	for range 2 {
@@ -233,12 +235,13 @@ func TestGlobalQuotaTwoReplicas(t *testing.T) {
 		src := sourcetest.NewMem(cfg.Source.AckWait)
 		src.Publish(150)
 		m := metrics.New(prometheus.NewRegistry()).Lane("payments", limit)
-		lane, err := drain.New("payments", cfg, src, down, drain.WithMetrics(m), drain.WithLogger(slog.New(slog.DiscardHandler)),
+		lg := &spentLog{}
+		lane, err := drain.New("payments", cfg, src, down, drain.WithMetrics(m), drain.WithLogger(slog.New(lg)),
 			drain.WithGlobal(rs.Lane("payments"), 2))
 		if err != nil {
 			t.Fatal(err)
 		}
-		reps = append(reps, replica{lane: lane, m: m, src: src})
+		reps = append(reps, replica{lane: lane, m: m, src: src, log: lg})
 	}
 	start := time.Now()
 	for _, r := range reps {
@@ -306,6 +309,13 @@ func TestGlobalQuotaTwoReplicas(t *testing.T) {
 		c0, c1 := ts[k*count], ts[(k+1)*count-1]
 		t.Logf("cycle %d: departures %d–%d from %v to %v after the first (%v)", k, k*count, (k+1)*count-1,
 			c0.Sub(first).Round(time.Millisecond), c1.Sub(first).Round(time.Millisecond), c1.Sub(c0).Round(time.Millisecond))
+	}
+	// One "quota spent" line per wait and replica: 4 waits by 8.7 s (the
+	// fifth window starts at 8.012 s), not one per departure.
+	for i, r := range reps {
+		if n := r.log.spent.Load(); n < 3 || n > 5 {
+			t.Errorf("replica %d logged \"quota spent\" %d times, want 4 (one per wait)", i, n)
+		}
 	}
 	per0 := [2]int{}
 	for i, r := range reps {
@@ -474,3 +484,46 @@ func TestRedisQuotaRemainingMargin(t *testing.T) {
 		t.Errorf("list holds %d, want 3 (the first two still bind: younger than the gap)", n)
 	}
 }
+
+// TestRedisQuotaSpacesWithinAnInterval: when the quota frees a slot less
+// than an interval after the schedule's own slot, the script grants it
+// there (the quota spaces it), not a "spent" answer: under a backlog each
+// window replays the one before, and a wait answer there would hold and
+// un-hold every replica between two departures. Direct calls: interval
+// 50 ms, count 2, per 100 ms, gap 105 ms, back to back: slots at 0, 50,
+// 105, 155, 210 ms.
+func TestRedisQuotaSpacesWithinAnInterval(t *testing.T) {
+	rd := startRedis(t)
+	ls := newSlots(t, rd.Addr).Lane("spaces")
+	ctx := context.Background()
+	var at []float64
+	for range 5 {
+		_, res, _, _, err := ls.runAll(ctx, "reserve", "50000", "1", "0", "0", "2", "100000", "105000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[3] != "1" {
+			t.Fatalf("answer %v after %d slots: granted %s, want 1 (the quota frees it within an interval)", res, len(at), res[3])
+		}
+		v, _ := strconv.ParseFloat(res[0], 64)
+		at = append(at, v)
+	}
+	for i, want := range []float64{0, 50000, 105000, 155000, 210000} {
+		if d := at[i] - at[0]; d < want-1 || d > want+1 {
+			t.Errorf("slot %d at %.0f µs after the first, want %.0f", i, d, want)
+		}
+	}
+}
+
+// spentLog counts the lane's "quota spent" lines.
+type spentLog struct{ spent atomic.Int64 }
+
+func (h *spentLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h *spentLog) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, "quota spent") {
+		h.spent.Add(1)
+	}
+	return nil
+}
+func (h *spentLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *spentLog) WithGroup(string) slog.Handler      { return h }

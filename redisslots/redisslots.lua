@@ -31,11 +31,13 @@
 --          cut a lease short); tat advances to start + granted*interval;
 --          remaining is what the quota still allows in the window
 --          (now - per, now] after this grant, -1 without a quota.
---          When the quota is spent (the next slot would come before the
---          count-th newest grant is gap old) nothing is granted and the
---          answer is {until, now, pause, 0, 0}: ask again at until, when
---          that grant leaves the window; tat stays, so the wait earns no
---          slots but the slack of an idle schedule (SPEC G2).
+--          When the quota is spent (the count-th newest grant is gap old
+--          only more than an interval after the schedule's slot and now)
+--          nothing is granted and the answer is {until, now, pause, 0, 0}:
+--          ask again at until, when that grant leaves the window; tat
+--          stays, so the wait earns no slots but the slack of an idle
+--          schedule (SPEC G2). Within an interval, the slot is granted at
+--          that instant instead.
 -- pause    ARGV[2] length of the pause from now, microseconds (> 0)
 --          returns {pause, now}
 -- release  ARGV[2] a slot's instant in microseconds, ARGV[3] a tolerance
@@ -153,12 +155,16 @@ if qcount >= 1 and qper > 0 then
   end
   local b0 = bound(0)
   if b0 and b0 > start then
-    if b0 > now then
+    -- Within an interval of the schedule's slot (or of now) the quota only
+    -- spaces the slot, as under a backlog each window replays the one
+    -- before: grant it there. Later than that it is a wait: no slot (a
+    -- slot hours ahead would be held, and lost with its replica).
+    if b0 > math.max(now, start) + iv then
       save()
       keep()
       return {string.format('%.3f', b0), string.format('%.0f', now), string.format('%.3f', pause), '0', '0'}
     end
-    start = b0 -- the count-th grant left the window a moment ago
+    start = b0
   end
   granted = 1
   while granted < k do
