@@ -25,8 +25,10 @@ type GlobalSchedule interface {
 	// Reserve takes the next shared departure slot for one departure of
 	// this lane and returns the local time at which it may leave. The time
 	// may be in the past by up to shaper.SlotTolerance; a slot is used once
-	// and never given back. An error means the shared store failed
-	// (unreachable, timeout): the lane falls back to local pacing.
+	// and never given back. A *QuotaWait error is the store's answer that
+	// the shared quota (r.QuotaCount) is spent: no slot was taken. Any
+	// other error means the shared store failed (unreachable, timeout):
+	// the lane falls back to local pacing.
 	Reserve(ctx context.Context, r SlotRequest) (time.Time, error)
 	// Pause extends the shared pause of the lane until until (a 429/503
 	// Retry-After seen by any replica pauses all of them): no replica gets
