@@ -70,7 +70,8 @@ func (v *validator) adaptive(k func(string) string, r Rate) {
 }
 
 // Quota configures a lane's quota (SPEC §3 Quota, shaper.Quota): at most
-// Count departures in any sliding window of Per.
+// Count departures in any sliding window of Per. With rate.global the
+// replicas share it through Redis (redisslots), like the rate.
 type Quota struct {
 	// Count is the most departures in any window of Per, in messages; 0
 	// (default) = no quota. At most MaxQuotaCount.
@@ -84,7 +85,9 @@ type Quota struct {
 const DefaultQuotaPer = 24 * time.Hour
 
 // MaxQuotaCount is the largest rate.quota.count: the lane keeps one
-// departure instant (8 bytes) per departure of the window, 80 MB at most.
+// departure instant (8 bytes) per departure of the window, 80 MB at most;
+// with rate.global, Redis keeps one grant instant (about 10 bytes) per slot
+// of the window in the lane's quota list (docs/scaling.md).
 const MaxQuotaCount = 10_000_000
 
 // quota checks rate.quota; k makes a lane key path.
@@ -95,7 +98,6 @@ func (v *validator) quota(k func(string) string, r Rate) {
 		return
 	}
 	v.check(q.Per > 0, k("rate.quota.per"), "must be > 0, got %s", q.Per)
-	v.check(!r.Global, k("rate.quota.count"), "a quota is not shared through Redis yet: it cannot be set with rate.global: true")
 	if limit := float64(r.Limit); q.Per > 0 && limit > 0 && !math.IsInf(limit, 0) && float64(q.Count) >= limit*q.Per.Seconds() {
 		v.warn(k("rate.quota.count"), "%d in %s is no less than rate.limit (%s) allows in that time: the quota never binds", q.Count, q.Per, formatRate(limit))
 	}

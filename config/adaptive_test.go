@@ -57,8 +57,6 @@ func TestLoad_BrokenAdaptiveAndQuota(t *testing.T) {
 			key: lanePfx + "rate.quota.count", want: []string{"10000000", "got 10000001"}},
 		{name: "quota per 0s", text: laneYAML("", "rate: {limit: 100/s, quota: {count: 10, per: 0s}}"),
 			key: lanePfx + "rate.quota.per", want: []string{"> 0", "0s"}},
-		{name: "quota with global", text: laneYAML("redis: {addr: 127.0.0.1:6379}", "rate: {limit: 100/s, global: true, quota: {count: 10}}"),
-			key: lanePfx + "rate.quota.count", want: []string{"Redis"}},
 	})
 }
 
@@ -78,4 +76,19 @@ func TestLoad_QuotaThatNeverBindsWarns(t *testing.T) {
 func TestLoad_AdaptiveG7Warning(t *testing.T) {
 	_, warns := mustLoad(t, laneYAML("", "rate: {limit: 100/s, adaptive: {min: 10/s}}"))
 	requireWarning(t, warns, lanePfx+"source.ack_wait", "1m45s", "rate.adaptive.min 10/s")
+}
+
+// TestLoad_QuotaWithGlobal: a quota with rate.global is shared through
+// Redis (SPEC §3 Quota), so the loader accepts it as it is.
+func TestLoad_QuotaWithGlobal(t *testing.T) {
+	c, warns := mustLoad(t, laneYAML("redis: {addr: 127.0.0.1:6379, replicas_hint: 2}", "rate: {limit: 50/s, global: true, quota: {count: 300, per: 10s}}"))
+	for _, w := range warns {
+		if w.Key == lanePfx+"rate.quota.count" {
+			t.Errorf("warning on rate.quota.count: %v", w)
+		}
+	}
+	r := c.Downstreams["payments"].Rate
+	if !r.Global || r.Quota != (config.Quota{Count: 300, Per: 10 * time.Second}) {
+		t.Errorf("rate = global %v quota %+v, want global with {300, 10s}", r.Global, r.Quota)
+	}
 }

@@ -104,7 +104,7 @@ func (l *Lane) departureAt(now time.Time) time.Time {
 	if until, held := l.holdUntil(now); held && until.After(at) {
 		at = until // an operator's pause (control.go)
 	}
-	if until, held := l.quotaUntil(now); held && until.After(at) {
+	if until, held := l.quotaUntil(now, at); held && until.After(at) {
 		at = until // rate.quota (quota.go)
 	}
 	if l.unwired != nil {

@@ -2,6 +2,7 @@ package drain
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -24,8 +25,10 @@ type GlobalSchedule interface {
 	// Reserve takes the next shared departure slot for one departure of
 	// this lane and returns the local time at which it may leave. The time
 	// may be in the past by up to shaper.SlotTolerance; a slot is used once
-	// and never given back. An error means the shared store failed
-	// (unreachable, timeout): the lane falls back to local pacing.
+	// and never given back. A *QuotaWait error is the store's answer that
+	// the shared quota (r.QuotaCount) is spent: no slot was taken. Any
+	// other error means the shared store failed (unreachable, timeout):
+	// the lane falls back to local pacing.
 	Reserve(ctx context.Context, r SlotRequest) (time.Time, error)
 	// Pause extends the shared pause of the lane until until (a 429/503
 	// Retry-After seen by any replica pauses all of them): no replica gets
@@ -50,13 +53,53 @@ type SlotRequest struct {
 	// (1 − MinSpacing) intervals, and a slot used later than
 	// shaper.SlotTolerance after its time is dropped.
 	MinSpacing float64
+	// QuotaCount and QuotaPer are rate.quota, shared by the replicas (SPEC
+	// §3 Quota: "shared through Redis like the rate"): no window of
+	// QuotaPer holds more than QuotaCount slots of all replicas together.
+	// QuotaCount 0 = no quota. When the quota is spent Reserve returns a
+	// *QuotaWait.
+	QuotaCount int
+	QuotaPer   time.Duration
+}
+
+// QuotaWait is the error GlobalSchedule.Reserve returns when the shared
+// quota (SlotRequest.QuotaCount) is spent: no slot was taken, and none is
+// before Until (local time), when the oldest counted slot leaves the
+// window. It is an answer of the store, not a failure: the lane waits for
+// it as for its own quota (quota.go: shaper_lane_paused, no burst after).
+type QuotaWait struct {
+	Until time.Time
+}
+
+func (e *QuotaWait) Error() string {
+	return "shared quota spent until " + e.Until.Format(time.RFC3339Nano)
+}
+
+// SlotReleaser is implemented by a GlobalSchedule with a shared quota that
+// can take back the count of a slot the lane dropped unused (a departure
+// woken later than shaper.SlotTolerance after it): Release says so, best
+// effort, so that the dropped slot does not spend the quota. The
+// schedule's time is not given back.
+type SlotReleaser interface {
+	Release(ctx context.Context, slot time.Time, r SlotRequest) error
+}
+
+// QuotaReporter is implemented by a GlobalSchedule that knows what the
+// shared quota allows: QuotaRemaining returns the messages the quota
+// allowed in the window at its last answer, or -1 when it has not
+// answered with a quota yet. Status shows it instead of the replica's own
+// count.
+type QuotaReporter interface {
+	QuotaRemaining() int
 }
 
 // WithGlobal makes the lane take every departure's time from g as well as
 // from its own pacer (rate.global). While g fails, the lane paces locally
 // at limit / replicasHint (never the full limit), sets
 // shaper_global_limiter_fallback to 1, logs the transition once, asks g
-// again every globalProbeEvery and returns to it when it answers.
+// again every globalProbeEvery and returns to it when it answers. A quota
+// (rate.quota) is shared through g too; in the fallback each replica keeps
+// count / replicasHint of it (quota.go).
 func WithGlobal(g GlobalSchedule, replicasHint int) Option {
 	return optionFunc(func(l *Lane) {
 		if g != nil {
@@ -118,7 +161,8 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 		rate *= float64(g.hint) // the shared schedule runs at the full limit
 	}
 	cfg := l.conf()
-	req := SlotRequest{Interval: shaper.Limit(rate).Interval(), Slack: cfg.Rate.Slack, MinSpacing: cfg.Rate.MinSpacing}
+	req := SlotRequest{Interval: shaper.Limit(rate).Interval(), Slack: cfg.Rate.Slack, MinSpacing: cfg.Rate.MinSpacing,
+		QuotaCount: cfg.Rate.Quota.Count, QuotaPer: cfg.Rate.Quota.Per}
 	if g.fallback || g.noCredit {
 		req.Slack = 0 // the probe that finds the store back, and the grace
 	}
@@ -126,12 +170,22 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 		if now.Sub(g.held) <= shaper.SlotTolerance(req.Interval, req.Slack, req.MinSpacing) {
 			return g.held, true
 		}
+		if rel, ok := g.g.(SlotReleaser); ok && req.QuotaCount > 0 {
+			// Not used: it must not spend the shared quota (quota.go).
+			if err := rel.Release(ctx, g.held, req); err != nil {
+				l.log.Debug("dropped slot not released from the shared quota", "err", err)
+			}
+		}
 		g.held = time.Time{} // too late for it (a pause, a slow wire): not used, not given back
 	}
 	if g.fallback && now.Before(g.nextProbe) {
 		return now, true
 	}
 	slot, err := g.g.Reserve(ctx, req)
+	var spent *QuotaWait
+	if errors.As(err, &spent) {
+		err = nil // the store answered: the shared quota is spent
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return now, false
@@ -166,6 +220,9 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 		l.setReduced(false, now)
 		g.noCredit = false
 	}
+	if spent != nil {
+		return l.sharedQuotaWait(spent.Until, now), true // quota.go
+	}
 	g.held = slot
 	return slot, true
 }
@@ -181,6 +238,7 @@ func (l *Lane) setReduced(reduced bool, now time.Time) {
 	}
 	l.mu.Lock()
 	l.pacer.SetConfig(cfg, now)
+	l.setQuota(*l.conf(), now) // count / replicas_hint in the fallback (quota.go)
 	if reduced {
 		// The shared slots timed the departures so far; from the last one
 		// on, the local pacer alone keeps the reduced rate, with no credit

@@ -14,6 +14,12 @@ type laneQuota struct {
 	q    *shaper.Quota // nil = no quota
 	held bool          // the last departure decision waited for the quota
 	end  time.Time     // when that wait ends
+	// shared is the end of a wait for the quota shared through Redis
+	// (rate.global: GlobalSchedule.Reserve answered *QuotaWait); zero when
+	// none. The replica's own ring (q) still counts its own departures:
+	// the shared quota binds first, and in the fallback the ring alone
+	// binds, at count / replicas_hint.
+	shared time.Time
 }
 
 // setQuota turns the quota on, off or changes it for cfg (New, Update), with
@@ -28,22 +34,64 @@ func (l *Lane) setQuota(cfg config.Lane, now time.Time) {
 			l.syncPacerHold(now)
 		}
 	case l.quota.q == nil:
-		l.quota.q = shaper.NewQuota(q.Count, q.Per, now)
+		l.quota.q = shaper.NewQuota(l.quotaCount(q.Count), q.Per, now)
 	default:
-		l.quota.q.SetConfig(q.Count, q.Per)
+		l.quota.q.SetConfig(l.quotaCount(q.Count), q.Per)
 	}
 }
 
+// quotaCount is the count the replica's own ring keeps: the whole count,
+// or, while a global lane paces alone in the Redis fallback (limit /
+// replicas_hint), its share count / replicas_hint (at least 1): with at
+// most replicas_hint replicas, a window that lies wholly in the fallback
+// holds at most count departures across them (docs/scaling.md "Quota
+// across replicas" gives the bound of a window that spans the switch).
+func (l *Lane) quotaCount(count int) int {
+	if g := l.global; g != nil && g.reducedNow.Load() && count > 0 {
+		return max(1, count/g.hint)
+	}
+	return count
+}
+
+// sharedQuotaWait records, with l.mu not held, that the shared quota is
+// spent until until (global.go) and returns when the next departure may
+// ask for a slot again; the wait goes the way of the replica's own quota
+// wait (quotaUntil: the pacer held, shaper_lane_paused 1, no burst after).
+func (l *Lane) sharedQuotaWait(until, now time.Time) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.quota.q == nil { // a reload took the quota away meanwhile
+		return now
+	}
+	if !until.After(now) {
+		// The answer's instant, converted to this clock after a round
+		// trip, may already have passed: still no slot was taken, so the
+		// loop must ask again, not depart.
+		until = now.Add(time.Microsecond)
+	}
+	l.quota.shared = until
+	at, _ := l.quotaUntil(now, now)
+	return at
+}
+
 // quotaUntil returns, with l.mu held, the instant the quota lets the next
-// departure leave, and whether that is after now (the lane waits for the
-// quota). While it waits the pacer is held (Pacer.Hold: the lane cools as if
-// idle and its rate shows 0), and shaper_lane_paused shows it.
-func (l *Lane) quotaUntil(now time.Time) (time.Time, bool) {
+// departure leave, and whether the lane waits for the quota: whether that
+// is after now and after paced, the instant the pacer (and the other
+// gates) would let it leave. A quota that frees its slot by the pacer's
+// time does not hold the lane (under a backlog each window after the first
+// replays the first one's spacing, so it would otherwise hold, and log,
+// between every two departures). While it waits the pacer is held
+// (Pacer.Hold: the lane cools as if idle and its rate shows 0), and
+// shaper_lane_paused shows it.
+func (l *Lane) quotaUntil(now, paced time.Time) (time.Time, bool) {
 	if l.quota.q == nil {
 		return time.Time{}, false
 	}
 	at := l.quota.q.Next(now)
-	held := at.After(now)
+	if l.quota.shared.After(at) {
+		at = l.quota.shared // the shared quota (rate.global)
+	}
+	held := at.After(now) && at.After(paced)
 	if held {
 		l.quota.end = at
 	}
@@ -78,7 +126,7 @@ func (l *Lane) quotaReady(ready, now time.Time) time.Time {
 func (l *Lane) quotaDepart(now time.Time) {
 	if l.quota.q != nil {
 		l.quota.q.Depart(now)
-		l.quota.end = time.Time{}
+		l.quota.end, l.quota.shared = time.Time{}, time.Time{}
 		if l.quota.held {
 			l.quota.held = false
 			l.syncPacerHold(now)
@@ -87,10 +135,20 @@ func (l *Lane) quotaDepart(now time.Time) {
 }
 
 // quotaRemaining returns what the quota allows in the window ending at now,
-// in messages, or -1 without a quota (l.mu held).
+// in messages, or -1 without a quota (l.mu held). For a global lane on the
+// shared schedule it is the shared quota's remainder at Redis's last
+// answer (QuotaReporter), which counts every replica; in the fallback, and
+// before that answer, the replica's own ring.
 func (l *Lane) quotaRemaining(now time.Time) int {
 	if l.quota.q == nil {
 		return -1
+	}
+	if g := l.global; g != nil && !g.fallbackNow.Load() {
+		if r, ok := g.g.(QuotaReporter); ok {
+			if n := r.QuotaRemaining(); n >= 0 {
+				return n
+			}
+		}
 	}
 	return l.quota.q.Remaining(now)
 }

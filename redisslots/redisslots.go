@@ -231,24 +231,52 @@ func (r *RedisSlots) Key(lane string) string {
 	return "{" + r.prefix + ":" + lane + "}:schedule"
 }
 
+// QuotaKey returns the Redis key of lane's shared quota (rate.quota with
+// rate.global): "{<prefix>:<lane>}:quota", a list of the instants of the
+// newest count slots granted, in the hash slot of Key(lane).
+func (r *RedisSlots) QuotaKey(lane string) string {
+	return "{" + r.prefix + ":" + lane + "}:quota"
+}
+
 // Lane returns the shared schedule of lane. It implements
-// drain.GlobalSchedule.
+// drain.GlobalSchedule and drain.QuotaReporter.
 func (r *RedisSlots) Lane(lane string) *LaneSlots {
-	return &LaneSlots{r: r, key: r.Key(lane)}
+	ls := &LaneSlots{r: r, key: r.Key(lane), qkey: r.QuotaKey(lane)}
+	ls.remaining.Store(-1)
+	return ls
 }
 
 // LaneSlots is one lane's view of its shared schedule: it reserves leases
 // and hands their slots out one departure at a time. It is safe for
 // concurrent use, but one departure loop is expected to call Reserve.
 type LaneSlots struct {
-	r   *RedisSlots
-	key string
+	r    *RedisSlots
+	key  string
+	qkey string // the shared quota's list
 
 	mu    sync.Mutex
 	lease lease
 	sync  clockSync
 
 	calls atomic.Int64 // round trips (script runs), for benchmarks
+	// remaining is the shared quota's remainder at the last answer that
+	// carried one; -1 before it.
+	remaining atomic.Int64
+}
+
+// QuotaRemaining returns what the shared quota allowed in its window at
+// Redis's last answer, in messages, counting the slots of every replica;
+// -1 before an answer with a quota (drain.QuotaReporter).
+func (s *LaneSlots) QuotaRemaining() int { return int(s.remaining.Load()) }
+
+// quotaGap is the least distance, on the schedule, between a slot and the
+// slot count grants after it: the window per, plus shaper.QuotaMargin (the
+// departure's way to the wire, as for the local quota), plus the
+// tolerance by which a departure may use its slot late (SlotTolerance), so
+// that departures i and i + count, not only their slots, are more than per
+// + QuotaMargin apart.
+func quotaGap(r drain.SlotRequest) time.Duration {
+	return r.QuotaPer + shaper.QuotaMargin + shaper.SlotTolerance(r.Interval, r.Slack, r.MinSpacing)
 }
 
 // lease is a run of n consecutive slots starting at first (local time),
@@ -277,7 +305,8 @@ func leaseSize(interval time.Duration) int {
 }
 
 // Reserve takes the next slot of the lane's shared schedule for one
-// departure at r.Interval (the lane's current emission interval) and returns
+// departure at r.Interval (the lane's current emission interval) within the
+// shared quota r.QuotaCount per r.QuotaPer, when set, and returns
 // the local time at which the departure may leave; it may be in the past by
 // up to shaper.SlotTolerance (slack + 1 − min_spacing intervals): a slot
 // older than that is dropped, so that the departures of all replicas keep
@@ -287,7 +316,10 @@ func leaseSize(interval time.Duration) int {
 // did not answer within the timeout: no slot is given, the caller paces
 // locally. A call that times out is tried once more before Reserve gives
 // up, so Reserve returns within about twice the timeout (at once when the
-// connection is refused).
+// connection is refused). When the shared quota is spent the error is a
+// *drain.QuotaWait with the local instant at which the oldest counted slot
+// leaves the window: no slot was taken, ask again then. A lease is cut
+// short where the quota would be spent within it.
 func (s *LaneSlots) Reserve(ctx context.Context, r drain.SlotRequest) (time.Time, error) {
 	interval := r.Interval
 	if interval <= 0 {
@@ -357,20 +389,75 @@ func (s *LaneSlots) reserve(ctx context.Context, r drain.SlotRequest) (lease, er
 		}
 	}
 	k := leaseSize(interval)
-	ivUS := float64(interval) / float64(time.Microsecond)
-	reply, t0, t1, err := s.run(ctx, "reserve",
-		strconv.FormatFloat(ivUS, 'f', 3, 64),
+	us := func(d time.Duration) string {
+		return strconv.FormatFloat(float64(d)/float64(time.Microsecond), 'f', 3, 64)
+	}
+	args := []string{us(interval),
 		strconv.Itoa(k),
 		strconv.Itoa(max(0, r.Slack)),
 		// The make-up of a late request (shaper.SlotMakeUp), not on top of
 		// the slack: an idle schedule grants 1 + slack.
-		strconv.FormatFloat(float64(shaper.SlotMakeUp(interval, r.MinSpacing))/float64(time.Microsecond), 'f', 3, 64))
+		us(shaper.SlotMakeUp(interval, r.MinSpacing))}
+	quota := r.QuotaCount > 0 && r.QuotaPer > 0
+	if quota {
+		args = append(args, strconv.Itoa(r.QuotaCount), us(r.QuotaPer), us(quotaGap(r)))
+	}
+	reply, res, t0, t1, err := s.runAll(ctx, "reserve", args...)
 	if err != nil {
 		return lease{}, err
 	}
 	start, now := reply[0], reply[1]
 	s.sync.observe(t0, t1, now)
-	return lease{first: s.sync.local(start), interval: interval, n: k}, nil
+	n := k
+	if quota {
+		granted, remaining, perr := quotaReply(res)
+		if perr != nil {
+			return lease{}, fmt.Errorf("redis schedule %s: reserve: %w: %q", s.key, ErrRedisReply, res)
+		}
+		s.remaining.Store(int64(remaining))
+		if granted == 0 {
+			return lease{}, &drain.QuotaWait{Until: s.sync.local(start)}
+		}
+		n = min(granted, k)
+	}
+	return lease{first: s.sync.local(start), interval: interval, n: n}, nil
+}
+
+// quotaReply reads the granted count and the quota's remainder (the 4th
+// and 5th items) of a reserve answer.
+func quotaReply(res []string) (granted, remaining int, err error) {
+	if len(res) < 5 {
+		return 0, 0, ErrRedisReply
+	}
+	if granted, err = strconv.Atoi(res[3]); err != nil || granted < 0 {
+		return 0, 0, ErrRedisReply
+	}
+	if remaining, err = strconv.Atoi(res[4]); err != nil {
+		return 0, 0, ErrRedisReply
+	}
+	return granted, remaining, nil
+}
+
+// Release tells the shared quota that the slot at slot (local time), which
+// Reserve gave under r, was dropped unused (drain.SlotReleaser): its grant
+// is taken out of the quota list, so that a replica that woke too late for
+// its slot does not spend the quota on a departure that never happened.
+// The schedule's time is not given back (no burst). Without a quota it does
+// nothing. An error means Redis failed; the grant then still counts.
+func (s *LaneSlots) Release(ctx context.Context, slot time.Time, r drain.SlotRequest) error {
+	if r.QuotaCount <= 0 || r.QuotaPer <= 0 {
+		return nil
+	}
+	s.mu.Lock()
+	set := s.sync.set
+	server := s.sync.server + float64(slot.Sub(s.sync.mid))/float64(time.Microsecond)
+	s.mu.Unlock()
+	if !set {
+		return nil
+	}
+	tol := float64(r.Interval) / float64(time.Microsecond) / 2
+	_, _, _, err := s.run(ctx, "release", strconv.FormatFloat(server, 'f', 3, 64), strconv.FormatFloat(tol, 'f', 3, 64))
+	return err
 }
 
 // Probe asks Redis whether the lane's schedule answers (drain.GlobalSchedule):
@@ -416,6 +503,12 @@ func (s *LaneSlots) Pause(ctx context.Context, until time.Time) error {
 // numbers (microseconds of the server clock) and the local instants just
 // before and after the call.
 func (s *LaneSlots) run(ctx context.Context, op string, args ...string) (out [2]float64, t0, t1 time.Time, err error) {
+	out, _, t0, t1, err = s.runAll(ctx, op, args...)
+	return out, t0, t1, err
+}
+
+// runAll is run that also returns the whole answer.
+func (s *LaneSlots) runAll(ctx context.Context, op string, args ...string) (out [2]float64, res []string, t0, t1 time.Time, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.r.timeout)
 	defer cancel()
 	argv := make([]any, 0, len(args)+1)
@@ -424,23 +517,23 @@ func (s *LaneSlots) run(ctx context.Context, op string, args ...string) (out [2]
 		argv = append(argv, a)
 	}
 	t0 = s.r.clock()
-	res, err := s.r.script.Run(ctx, s.r.client, []string{s.key}, argv...).StringSlice()
+	res, err = s.r.script.Run(ctx, s.r.client, []string{s.key, s.qkey}, argv...).StringSlice()
 	t1 = s.r.clock()
 	s.calls.Add(1)
 	if err != nil {
-		return out, t0, t1, fmt.Errorf("redis schedule %s: %s: %w", s.key, op, err)
+		return out, res, t0, t1, fmt.Errorf("redis schedule %s: %s: %w", s.key, op, err)
 	}
 	if len(res) < 2 {
-		return out, t0, t1, fmt.Errorf("redis schedule %s: %s: %w: %q", s.key, op, ErrRedisReply, res)
+		return out, res, t0, t1, fmt.Errorf("redis schedule %s: %s: %w: %q", s.key, op, ErrRedisReply, res)
 	}
 	for i := range out {
 		v, perr := strconv.ParseFloat(res[i], 64)
 		if perr != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-			return out, t0, t1, fmt.Errorf("redis schedule %s: %s: %w: %q", s.key, op, ErrRedisReply, res)
+			return out, res, t0, t1, fmt.Errorf("redis schedule %s: %s: %w: %q", s.key, op, ErrRedisReply, res)
 		}
 		out[i] = v
 	}
-	return out, t0, t1, nil
+	return out, res, t0, t1, nil
 }
 
 // syncSamples is the number of clock samples taken before a lane's first

@@ -6,6 +6,11 @@
 --          pause (end of the shared pause) and
 --          seen  (the server's now at the last reserve or pause),
 --          all in microseconds of this server's clock, as decimal text.
+-- KEYS[2]  the lane's quota list "{<prefix>:<lane>}:quota" (rate.quota with
+--          rate.global): the instants of the newest `count` slots granted,
+--          oldest first, microseconds of this server's clock. Every granted
+--          slot counts, used or not (the script cannot know); see
+--          docs/scaling.md "Quota across replicas".
 -- ARGV[1]  "reserve" or "pause".
 --
 -- reserve  ARGV[2] interval in microseconds (> 0, may have a fraction)
@@ -15,10 +20,31 @@
 --                  request may place its first slot (the make-up of
 --                  lateness); it does not add to the slack: an idle
 --                  schedule grants 1 + slack slots up to now, no more
---          returns {start, now, pause}: the slots are start + i*interval
---          for i < k; tat advances to start + k*interval.
+--          ARGV[6] quota count (0 or absent = no quota)
+--          ARGV[7] quota window `per` in microseconds
+--          ARGV[8] quota gap in microseconds (>= per): slot j + count is at
+--                  least gap after slot j, so no window of `per` holds more
+--                  than count departures (the gap adds the margins of
+--                  shaper.QuotaMargin and of a slot used late)
+--          returns {start, now, pause, granted, remaining}: the slots are
+--          start + i*interval for i < granted (granted <= k: the quota may
+--          cut a lease short); tat advances to start + granted*interval;
+--          remaining is what the quota still allows in the window
+--          (now - per, now] after this grant, -1 without a quota.
+--          When the quota is spent (the count-th newest grant is gap old
+--          only more than an interval after the schedule's slot and now)
+--          nothing is granted and the answer is {until, now, pause, 0, 0}:
+--          ask again at until, when that grant leaves the window; tat
+--          stays, so the wait earns no slots but the slack of an idle
+--          schedule (SPEC G2). Within an interval, the slot is granted at
+--          that instant instead.
 -- pause    ARGV[2] length of the pause from now, microseconds (> 0)
 --          returns {pause, now}
+-- release  ARGV[2] a slot's instant in microseconds, ARGV[3] a tolerance
+--          in microseconds (half an interval): the newest grant of the
+--          quota list within the tolerance of the instant is removed (a
+--          slot the replica dropped unused: it no longer counts); tat is
+--          not given back. Returns {removed (0 or 1), now}.
 -- time     returns {now, now} (a clock sample; touches no key)
 --
 -- The time is the server's (TIME), so the replicas' clocks never enter the
@@ -36,6 +62,18 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 if ARGV[1] == 'time' then
   return {string.format('%.0f', now), string.format('%.0f', now)}
+end
+if ARGV[1] == 'release' then
+  local x, tol = tonumber(ARGV[2]), tonumber(ARGV[3])
+  if not x or not tol or tol < 0 then return redis.error_reply('ERR shaper: bad release arguments') end
+  local tail = redis.call('LRANGE', KEYS[2], -16, -1)
+  for i = #tail, 1, -1 do
+    if math.abs(tonumber(tail[i]) - x) <= tol then
+      redis.call('LREM', KEYS[2], -1, tail[i])
+      return {'1', string.format('%.0f', now)}
+    end
+  end
+  return {'0', string.format('%.0f', now)}
 end
 local st = redis.call('HMGET', key, 'tat', 'pause', 'seen')
 local tat = tonumber(st[1]) or 0
@@ -89,7 +127,75 @@ if not iv or iv <= 0 or not k or k < 1 or not slack or slack < 0 or not lag or l
   return redis.error_reply('ERR shaper: bad reserve arguments')
 end
 local start = math.max(tat, pause, now - math.max(slack * iv, lag))
-tat = start + k * iv
+local granted = k
+local remaining = -1
+local qcount = tonumber(ARGV[6] or '0') or 0
+local qper = tonumber(ARGV[7] or '0') or 0
+local qgap = tonumber(ARGV[8] or '0') or 0
+if qcount >= 1 and qper > 0 then
+  if qgap < qper then qgap = qper end
+  local qkey = KEYS[2]
+  -- Grants that bind nothing any more (gap old at start) leave the list,
+  -- each once: the list holds the window and its margin only, so that
+  -- what remains is counted from the head in a few steps.
+  while true do
+    local h = redis.call('LINDEX', qkey, 0)
+    if not h or tonumber(h) + qgap > start then break end
+    redis.call('LPOP', qkey)
+  end
+  local n = redis.call('LLEN', qkey)
+  -- The earliest instant slot j of this lease may have: gap after the
+  -- count-th grant before it, in the list followed by this lease's own
+  -- slots; nil while fewer than count grants precede it.
+  local function bound(j)
+    local idx = n + j - qcount
+    if idx < 0 then return nil end
+    if idx < n then return tonumber(redis.call('LINDEX', qkey, idx)) + qgap end
+    return start + (idx - n) * iv + qgap
+  end
+  local b0 = bound(0)
+  if b0 and b0 > start then
+    -- Within an interval of the schedule's slot (or of now) the quota only
+    -- spaces the slot, as under a backlog each window replays the one
+    -- before: grant it there. Later than that it is a wait: no slot (a
+    -- slot hours ahead would be held, and lost with its replica).
+    if b0 > math.max(now, start) + iv then
+      save()
+      keep()
+      return {string.format('%.3f', b0), string.format('%.0f', now), string.format('%.3f', pause), '0', '0'}
+    end
+    start = b0
+  end
+  granted = 1
+  while granted < k do
+    local b = bound(granted)
+    if b and b > start + granted * iv then break end
+    granted = granted + 1
+  end
+  for j = 0, granted - 1 do
+    -- Whole microseconds, rounded up (a later instant only makes the quota
+    -- stricter): Redis keeps integers in ~10 bytes a grant.
+    redis.call('RPUSH', qkey, string.format('%.0f', math.ceil(start + j * iv)))
+  end
+  redis.call('LTRIM', qkey, -qcount, -1)
+  -- The list binds nothing once its newest grant is gap old.
+  local life = start + (granted - 1) * iv + qgap - now
+  if life < 0 then life = 0 end
+  redis.call('PEXPIRE', qkey, string.format('%d', math.floor(life / 1000) + 60000))
+  -- What remains: count less the grants in (now - per, now] or later.
+  -- The list is in grant order and holds nothing older than gap (plus
+  -- the make-up lag), so the grants already out of the window are the
+  -- few at its head, within the margin.
+  local len = redis.call('LLEN', qkey)
+  local out = 0
+  while out < len and tonumber(redis.call('LINDEX', qkey, out)) <= now - qper do
+    out = out + 1
+  end
+  remaining = qcount - (len - out)
+  if remaining < 0 then remaining = 0 end
+end
+tat = start + granted * iv
 save()
 keep()
-return {string.format('%.3f', start), string.format('%.0f', now), string.format('%.3f', pause)}
+return {string.format('%.3f', start), string.format('%.0f', now), string.format('%.3f', pause),
+  string.format('%d', granted), string.format('%d', remaining)}

@@ -278,7 +278,7 @@ func TestRedisScriptReloadAfterFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Close()
-	if got := rd.Do("EVALSHA", sha, "1", "{test:x}:schedule", "reserve", "10000", "1", "0", "0"); got != "*3" {
+	if got := rd.Do("EVALSHA", sha, "2", "{test:x}:schedule", "{test:x}:quota", "reserve", "10000", "1", "0", "0"); got != "*5" {
 		t.Errorf("EVALSHA after the reload: %q", got)
 	}
 }

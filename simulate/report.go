@@ -91,6 +91,11 @@ type Summary struct {
 	// WorstAt where it starts.
 	WorstWindow int
 	WorstAt     time.Duration
+	// QuotaWait is the time spent waiting for rate.quota (the sum of
+	// Result.QuotaWaits), and WorstQuotaWindow the most departures in any
+	// window [x, x+per) of the quota; both 0 without a quota.
+	QuotaWait        time.Duration
+	WorstQuotaWindow int
 }
 
 // Summarize computes the summary.
@@ -108,6 +113,12 @@ func (r Result) Summarize() Summary {
 		s.P50Wait, s.P99Wait = percentile(w, 50), percentile(w, 99)
 		n, at := shapertest.MaxInWindow(ts, time.Second)
 		s.WorstWindow, s.WorstAt = n, at.Sub(Epoch)
+		if r.Quota.Count > 0 && r.Quota.Per > 0 {
+			s.WorstQuotaWindow, _ = shapertest.MaxInWindow(ts, r.Quota.Per)
+		}
+	}
+	for _, q := range r.QuotaWaits {
+		s.QuotaWait += q.Until - q.From
 	}
 	return s
 }
@@ -135,4 +146,8 @@ func (r Result) WriteSummary(w io.Writer) {
 	fmt.Fprintf(w, "\n         queue wait p50 %s, p99 %s (from arrival to departure)\n",
 		s.P50Wait.Round(time.Millisecond), s.P99Wait.Round(time.Millisecond))
 	fmt.Fprintf(w, "         worst 1 s window: %d departures from %.3fs (limit %g/s)\n", s.WorstWindow, s.WorstAt.Seconds(), r.Limit)
+	if r.Quota.Count > 0 {
+		fmt.Fprintf(w, "         quota %d per %s: %d waits, %.3fs in all, worst %s window: %d departures\n",
+			r.Quota.Count, r.Quota.Per, len(r.QuotaWaits), s.QuotaWait.Seconds(), r.Quota.Per, s.WorstQuotaWindow)
+	}
 }

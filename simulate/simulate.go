@@ -2,8 +2,10 @@
 // arrival trace, with no NATS and no sink (SPEC §5 shaper simulate): the
 // same shaper.Pacer (rate, slack, min_spacing, warmup), shaper.Bucket
 // (capacity, fairness, max_wait projection), overflow (block or reject),
-// max_age (shaper.Expired) and max_in_flight the daemon runs, driven by a
-// small event loop instead of drain's goroutines and waiter.
+// max_age (shaper.Expired), quota (shaper.Quota, with drain's gate: the
+// pacer held while it waits, no burst after) and max_in_flight the daemon
+// runs, driven by a small event loop instead of drain's goroutines and
+// waiter.
 //
 // What the loop stands in for, and how (README, "Plan with shaper simulate"):
 //   - the fetch: in block mode arrivals wait in the stream and enter the
@@ -12,7 +14,9 @@
 //   - the sink: every call takes Options.SinkLatency (0 by default) and
 //     succeeds, so no retries;
 //   - the precise waiter: a departure leaves exactly at the pacer's instant;
-//   - the housekeeping sweep of max_age: every 250 ms, as drain's.
+//   - the housekeeping sweep of max_age: every 250 ms, as drain's;
+//   - the quota of one replica: a quota shared through Redis (rate.global)
+//     is run as if this were the only replica.
 //
 // The daemon's drain.Lane cannot run on this clock: its loops sleep on real
 // timers (testing/synctest, which fakes them, is for tests only). A test
@@ -74,7 +78,16 @@ type Result struct {
 	Depth []DepthSample
 	// Arrivals is the trace that was run, sorted.
 	Arrivals []Arrival
+	// QuotaWaits are the waits for rate.quota, in time order: from when
+	// the quota held the next departure until the instant it let it go
+	// (shaper_lane_paused is 1 then in the daemon).
+	QuotaWaits []Span
+	// Quota is rate.quota (Count 0 = none).
+	Quota config.Quota
 }
+
+// Span is an interval of the run, as offsets.
+type Span struct{ From, Until time.Duration }
 
 // DepthSample is the bucket depth from At on.
 type DepthSample struct {
@@ -109,7 +122,7 @@ type held struct {
 func Run(cfg config.Lane, arrivals []Arrival, opt Options) Result {
 	arrivals = slices.Clone(arrivals)
 	slices.SortStableFunc(arrivals, func(a, b Arrival) int { return cmp.Compare(a.At, b.At) })
-	res := Result{Limit: float64(cfg.Rate.Limit), Arrivals: arrivals}
+	res := Result{Limit: float64(cfg.Rate.Limit), Arrivals: arrivals, Quota: cfg.Rate.Quota}
 	at := func(d time.Duration) time.Time { return Epoch.Add(d) }
 	off := func(t time.Time) time.Duration { return t.Sub(Epoch) }
 
@@ -120,6 +133,7 @@ func Run(cfg config.Lane, arrivals []Arrival, opt Options) Result {
 	}
 	bucket := shaper.NewFairBucket(cfg.Bucket.Capacity, keyOf)
 	pacer := shaper.NewPacer(PacerConfig(cfg), Epoch)
+	quota := quotaGate{q: shaper.NewQuota(cfg.Rate.Quota.Count, cfg.Rate.Quota.Per, Epoch)}
 	reject := cfg.Bucket.Overflow == config.OverflowReject
 	maxAge := cfg.Bucket.MaxAge
 	slots := max(1, cfg.Task.MaxInFlight)
@@ -224,11 +238,19 @@ func Run(cfg config.Lane, arrivals []Arrival, opt Options) Result {
 		}
 		var wake time.Time
 		if canGo {
-			if t := pacer.Next(now); t.After(now) {
+			t := pacer.Next(now)
+			if q, held := quota.until(pacer, now, t); held {
+				if n := len(res.QuotaWaits); n == 0 || res.QuotaWaits[n-1].Until < off(now) {
+					res.QuotaWaits = append(res.QuotaWaits, Span{From: off(now), Until: off(q)})
+				}
+				t = q
+			}
+			if t.After(now) {
 				wake = t
 			} else {
 				m, empty := bucket.Pop()
-				pacer.Depart(ready, now)
+				pacer.Depart(quota.ready(ready, now), now)
+				quota.depart(pacer, now)
 				if empty {
 					pacer.SetBusy(now, false)
 				}
@@ -261,5 +283,46 @@ func Run(cfg config.Lane, arrivals []Arrival, opt Options) Result {
 			events = append(events, nextSweep)
 		}
 		now = slices.MinFunc(events, func(a, b time.Time) int { return a.Compare(b) })
+	}
+}
+
+// quotaGate is drain's gate of the quota (drain/quota.go: quotaUntil,
+// quotaReady, quotaDepart) on shaper.Quota, the daemon's quota: the quota
+// holds the next departure only when it frees its slot after the pacer's
+// time; while it holds, the pacer is held (it cools as if idle); and the
+// departure that ends a wait counts as ready at the wait's end, so the wait
+// is no lateness to make up (no burst, SPEC G2).
+type quotaGate struct {
+	q    *shaper.Quota
+	held bool
+	end  time.Time
+}
+
+func (g *quotaGate) until(p *shaper.Pacer, now, paced time.Time) (time.Time, bool) {
+	at := g.q.Next(now)
+	held := at.After(now) && at.After(paced)
+	if held {
+		g.end = at
+	}
+	if held != g.held {
+		g.held = held
+		p.Hold(now, held)
+	}
+	return at, held
+}
+
+func (g *quotaGate) ready(ready, now time.Time) time.Time {
+	if !g.end.IsZero() && !g.end.After(now) && g.end.After(ready) {
+		return g.end
+	}
+	return ready
+}
+
+func (g *quotaGate) depart(p *shaper.Pacer, now time.Time) {
+	g.q.Depart(now)
+	g.end = time.Time{}
+	if g.held {
+		g.held = false
+		p.Hold(now, false)
 	}
 }

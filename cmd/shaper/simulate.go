@@ -28,7 +28,7 @@ func simulateCmd(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "simulate --lane LANE (--trace FILE | --burst N [--trickle RATE --for D]) [--svg FILE]",
 		Short: "Run a lane's rules on a virtual clock against a trace; print the per-second table and a summary",
 		Long: `Runs the lane's own pacer, bucket (fairness included), overflow, max_wait, max_age,
-warmup and max_in_flight on a virtual clock, with no NATS and no sink, against a
+warmup, quota and max_in_flight on a virtual clock, with no NATS and no sink, against a
 recorded trace (CSV "time_offset_seconds[,key]" or JSON lines {"at": seconds, "key": "..."})
 or a synthetic burst. Prints the per-second table and a summary; --svg draws arrivals,
 departures and bucket depth over time.`,

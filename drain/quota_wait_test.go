@@ -1,0 +1,112 @@
+package drain
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shaper-dev/shaper/metrics"
+	"github.com/shaper-dev/shaper/sources/sourcetest"
+)
+
+// TestLaneQuotaHoldsOnlyWhenItBinds: under a backlog each window of the
+// quota after the first replays the first one's spacing, so between two
+// departures the quota frees its slot exactly when the pacer does. That is
+// not a wait: the lane logs "quota spent" once per wait (three waits in
+// 12 s of quota 100 per 5 s at 50/s: from 1.98 s, 6.982 s and 11.984 s), and the pacer is not held between the
+// departures of a window (quotaUntil's paced rule).
+func TestLaneQuotaHoldsOnlyWhenItBinds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink := &recSink{}
+		cfg := laneConfig(50)
+		cfg.Rate.Quota.Count, cfg.Rate.Quota.Per = 100, 5*time.Second
+		rec := &logRecorder{}
+		h := &harness{t: t, src: sourcetest.NewMem(cfg.Source.AckWait), sink: sink, dead: &recSink{}, reg: prometheus.NewRegistry()}
+		h.m = metrics.New(h.reg).Lane("test", float64(cfg.Rate.Limit))
+		l, err := New("test", cfg, h.src, sink, WithWaiter(TimerWaiter{}), WithMetrics(h.m), WithDeadLetter(h.dead),
+			WithLogger(slog.New(rec)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.lane = l
+		h.src.Publish(400)
+		l.Start()
+		time.Sleep(6 * time.Second) // inside the second window, between departures
+		synctest.Wait()
+		l.mu.Lock()
+		held := l.pacer.Held()
+		l.mu.Unlock()
+		if held {
+			t.Errorf("the pacer is held between two departures of the second window: the quota did not bind there")
+		}
+		time.Sleep(6 * time.Second)
+		h.stop(time.Millisecond)
+		if n := rec.count(slog.LevelInfo, "quota spent"); n != 3 {
+			t.Errorf("%d \"quota spent\" lines in 12 s, want 3 (one per wait)", n)
+		}
+		if n := len(sink.snapshot()); n != 300 {
+			t.Errorf("%d calls by 12 s, want 300 (100 from 0, 5.002 s and 10.004 s)", n)
+		}
+	})
+}
+
+// spentOnce is a fakeSchedule whose shared quota answers "spent" to the
+// first reservations, with an instant that has already passed on the
+// lane's clock (a round trip converted it late), then grants slots.
+type spentOnce struct {
+	fakeSchedule
+	spent int // "spent" answers still to give
+}
+
+func (s *spentOnce) Reserve(ctx context.Context, r SlotRequest) (time.Time, error) {
+	s.mu.Lock()
+	if s.spent > 0 {
+		s.spent--
+		s.mu.Unlock()
+		return time.Time{}, &QuotaWait{Until: time.Now().Add(-time.Millisecond)}
+	}
+	s.mu.Unlock()
+	return s.fakeSchedule.Reserve(ctx, r)
+}
+
+// TestGlobalQuotaWaitInThePast: a "spent until" answer whose instant has
+// passed still took no slot: the lane asks again and departs only with a
+// slot (departures = slots granted), the quota's wait shows in the
+// requests (QuotaCount and QuotaPer sent), and Status counts what remains
+// from the lane's own ring when the schedule does not report it.
+func TestGlobalQuotaWaitInThePast(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := &spentOnce{fakeSchedule: fakeSchedule{share: 1}, spent: 3}
+		rec := &recSink{}
+		h := newGlobalHarness(t, 50, rec, g, 2, nil)
+		cfg := *h.lane.conf()
+		cfg.Rate.Quota.Count, cfg.Rate.Quota.Per = 1000, time.Hour
+		if err := h.lane.Update(cfg); err != nil {
+			t.Fatal(err)
+		}
+		h.src.Publish(20)
+		h.lane.Start()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		st := h.lane.Status(time.Now())
+		h.stop(time.Second)
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if n := len(rec.snapshot()); n != 20 || g.reserves != 20 {
+			t.Errorf("%d departures, %d slots granted; want 20 each (none without a slot)", n, g.reserves)
+		}
+		if g.spent != 0 {
+			t.Errorf("%d spent answers left, want all 3 given", g.spent)
+		}
+		if r := g.reqs[0]; r.QuotaCount != 1000 || r.QuotaPer != time.Hour {
+			t.Errorf("request %+v, want the quota 1000 per 1h", r)
+		}
+		if st.QuotaRemaining != 1000-20 {
+			t.Errorf("quota remaining %d, want 980 (the lane's own ring)", st.QuotaRemaining)
+		}
+	})
+}
