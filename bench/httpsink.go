@@ -61,7 +61,8 @@ type httpRow struct {
 	n           int     // requests the downstream received
 	achieved    float64 // (n − 1) / (last − first stamp), per second
 	errPct      float64
-	win         []int // most requests in a closed window of each httpWindows length
+	win         []int         // most requests in a closed window of each httpWindows length
+	maxGap      time.Duration // longest time between two consecutive requests
 	cpuPerReq   time.Duration
 	allocs      float64         // heap allocations per request, sending process
 	wire, start []time.Duration // quantiles (httpQuantiles) of departure → wire report, → Send
@@ -83,6 +84,7 @@ func httpContenders() []struct {
 	}{
 		{"shaper lane, HTTP sink", "drain.New (defaults: capacity 1000, max_in_flight 8, min_spacing 0.95, the precise waiter) on an in-memory source (bench/diag.go memSource: no NATS, its cost is excluded) with sinks.NewHTTP as the daemon builds it (sink.url, a Content-Type header, WithMaxIdleConnsPerHost(64)); 256-byte bodies", runLaneHTTP},
 		{"bare net/http loop", "8 goroutines sharing rate.NewLimiter(5000, 8) (burst 1 tops out near 1,840/s here, NOTES.md); each Wait, then http.Client.Do of a POST with the same body, Content-Type and Idempotency-Key, body drained and closed; http.Transport with MaxIdleConnsPerHost 8 (keep-alive)", runBareHTTP},
+		{"bare net/http, evenly paced", "the bare loop's client and requests, released evenly instead: one goroutine on drain.NewPreciseWaiter to absolute instants one interval apart (lag above 0.9 interval forgiven) hands each request to one of 8 workers; what pacing one request at a time costs net/http and the kernel, without the lane", runPacedHTTP},
 		{"shaper lane, no-op sink", "the same lane with a sink that returns at once (no HTTP, no wire report): the lane's own share of the first row; no downstream, so its rate is from the Sends' instants and it has no windows", nil},
 	}
 }
@@ -129,8 +131,8 @@ func runHTTPSection(d time.Duration, quiet func(), logf func(string, ...any)) (r
 			problems = append(problems, fmt.Sprintf("HTTP %s: %v", c.name, row.err))
 		}
 		rows = append(rows, row)
-		logf("http %-26s %d requests: achieved %.1f/s (%s %%), cpu %s µs/request, %.1f allocs/request, windows %v, %d connections, departure→wire %v, →Send %v, other load %.0f %%",
-			row.name, row.n, row.achieved, fmtPct(row.errPct), fmtUs(row.cpuPerReq), row.allocs, row.win, row.conns, row.wire, row.start, 100*row.load)
+		logf("http %-26s %d requests: achieved %.1f/s (%s %%), cpu %s µs/request, %.1f allocs/request, windows %v, longest gap %s, %d connections, departure→wire %v, →Send %v, other load %.0f %%",
+			row.name, row.n, row.achieved, fmtPct(row.errPct), fmtUs(row.cpuPerReq), row.allocs, row.win, row.maxGap, row.conns, row.wire, row.start, 100*row.load)
 	}
 	return rows, problems
 }
@@ -170,6 +172,9 @@ func (r *httpRow) fillRate(at []time.Time) {
 	off := make([]time.Duration, len(at))
 	for i := range at {
 		off[i] = at[i].Sub(at[0])
+		if i > 0 {
+			r.maxGap = max(r.maxGap, off[i]-off[i-1])
+		}
 	}
 	for _, w := range httpWindows {
 		if off[len(off)-1] < w {
@@ -370,6 +375,66 @@ func runBareHTTP(url string, n int) (int, meterResult, error) {
 				}
 			})
 		}
+		wg.Wait()
+		return nil
+	})
+	var err error
+	if p := firstErr.Load(); p != nil {
+		err = *p
+	}
+	return int(sent.Load()), m, err
+}
+
+// runPacedHTTP is runBareHTTP's client with even departures: the cost of
+// pacing one request at a time, apart from the lane's.
+func runPacedHTTP(url string, n int) (int, meterResult, error) {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: bareWorkers}}
+	defer client.CloseIdleConnections()
+	body := make([]byte, payloadSize)
+	var sent atomic.Int64
+	var firstErr atomic.Pointer[error]
+	ctx := context.Background()
+	jobs := make(chan int, bareWorkers)
+	m, _ := measureRun(func() error {
+		var wg sync.WaitGroup
+		for range bareWorkers {
+			wg.Go(func() {
+				for i := range jobs {
+					req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+					if err != nil {
+						firstErr.CompareAndSwap(nil, &err)
+						continue
+					}
+					req.Header.Set("Content-Type", "application/json")
+					req.Header.Set("Idempotency-Key", "MEM:"+strconv.Itoa(i))
+					resp, err := client.Do(req)
+					if err != nil {
+						firstErr.CompareAndSwap(nil, &err)
+						continue
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+					sent.Add(1)
+				}
+			})
+		}
+		w := drain.NewPreciseWaiter()
+		w.Bind()
+		iv := time.Duration(float64(time.Second) / httpRate)
+		next := time.Now()
+		for i := range n {
+			if _, err := w.Wait(ctx, next, nil); err != nil {
+				firstErr.CompareAndSwap(nil, &err)
+				break
+			}
+			jobs <- i
+			next = next.Add(iv)
+			if floor := time.Now().Add(-iv * 9 / 10); floor.After(next) {
+				next = floor
+			}
+		}
+		w.Unbind()
+		close(jobs)
 		wg.Wait()
 		return nil
 	})
@@ -597,7 +662,9 @@ func (r *Results) httpMarkdown() string {
 	w("header. *CPU* is the sending process's user + system time (getrusage RUSAGE_SELF: every goroutine and\n")
 	w("the runtime; the downstream process is not in it) from start to the last answer, divided by requests;\n")
 	w("*× bare* compares it with the bare loop's. *conns* is how many TCP connections the downstream accepted\n")
-	w("(keep-alive reuse: a paced lane should not dial again). *down CPU* is the downstream process's own.\n\n")
+	w("(keep-alive reuse: a paced lane should not dial again). *down CPU* is the downstream process's own.\n")
+	w("*longest gap* is the longest silence between two requests at the downstream: a stall of the sender\n")
+	w("(or of the machine) shows there first.\n\n")
 	w("Contenders:\n\n")
 	for _, c := range httpContenders() {
 		w("- **%s**: %s\n", c.name, c.what)
@@ -607,7 +674,7 @@ func (r *Results) httpMarkdown() string {
 	for _, win := range httpWindows {
 		head = append(head, fmt.Sprintf("%s (≤%d)", fmtWindow(win), idealWindow(win, httpRate)))
 	}
-	head = append(head, "CPU µs/req", "× bare", "allocs/req", "conns", "unstamped", "down CPU µs/req", "load %")
+	head = append(head, "longest gap ms", "CPU µs/req", "× bare", "allocs/req", "conns", "unstamped", "down CPU µs/req", "load %")
 	t := table{head: head}
 	bare, okBare := r.httpOf("bare net/http loop")
 	for _, h := range r.http {
@@ -630,10 +697,27 @@ func (r *Results) httpMarkdown() string {
 		if h.downCPU == 0 { // the no-op sink: no downstream
 			conns, unst, down = "–", "–", "–"
 		}
-		row = append(row, fmtUs(h.cpuPerReq), ratio, fmt.Sprintf("%.1f", h.allocs), conns, unst, down, fmtLoad(h.load))
+		row = append(row, fmt.Sprintf("%.2f", h.maxGap.Seconds()*1e3), fmtUs(h.cpuPerReq), ratio, fmt.Sprintf("%.1f", h.allocs), conns, unst, down, fmtLoad(h.load))
 		t.add(row...)
 	}
 	w("%s\n", t.String())
+	if lane, ok := r.httpOf("shaper lane, HTTP sink"); ok && len(lane.wire) == len(httpQuantiles) {
+		w("The lane's requests from departure to the task's Send call and to the sink's wire report (the\n")
+		w("connection's Write returned), in µs: the lane holds the next departure until the report, and a report\n")
+		w("later than the usual delay pushes the next departure back (shaper.Pacer.Wire, SPEC G1 at the wire).\n\n")
+		qt := table{head: []string{"departure →", "p50", "p90", "p99", "p99.9"}}
+		for _, d := range []struct {
+			name string
+			q    []time.Duration
+		}{{"Send called", lane.start}, {"wire report", lane.wire}} {
+			row := []string{d.name}
+			for _, q := range d.q {
+				row = append(row, fmtUs(q))
+			}
+			qt.add(row...)
+		}
+		w("%s\n", qt.String())
+	}
 	w("Where the lane is behind, docs/performance-http.md says why, from a profile (`go run ./bench -section http\n")
 	w("-cpuprofile FILE`, then `go tool pprof -top FILE`).\n\n")
 	return b.String()
