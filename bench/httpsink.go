@@ -45,6 +45,11 @@ import (
 // daemon's configuration.
 const envHTTPDownstream = "SHAPERBENCH_HTTP_DOWNSTREAM"
 
+// envHTTPOnly, set to a contender's label (lane-http, bare, paced,
+// lane-noop), runs only that row of section 11: for `perf stat` or a profile
+// of one sender.
+const envHTTPOnly = "SHAPERBENCH_HTTP_ONLY"
+
 // httpRate is section 11's rate (issue 15), httpMaxErrPct its bound on the
 // delivered rate against it.
 const (
@@ -66,6 +71,9 @@ type httpRow struct {
 	cpuPerReq   time.Duration
 	allocs      float64         // heap allocations per request, sending process
 	wire, start []time.Duration // quantiles (httpQuantiles) of departure → wire report, → Send
+	next        []time.Duration // quantiles of wire report → next departure
+	wireMean    time.Duration   // mean departure → wire delay
+	wireExcess  time.Duration   // mean excess of that delay over its mean (meanExcess)
 	conns       int             // TCP connections the downstream accepted
 	unstamped   int             // requests the kernel gave no stamp (stamped at the read)
 	downCPU     time.Duration
@@ -75,17 +83,17 @@ type httpRow struct {
 
 // httpContenders are the rows of section 11, in order.
 func httpContenders() []struct {
-	name, what string
-	run        func(url string, n int) (sent int, m meterResult, err error)
+	name, label, what string
+	run               func(url string, n int) (sent int, m meterResult, err error)
 } {
 	return []struct {
-		name, what string
-		run        func(url string, n int) (int, meterResult, error)
+		name, label, what string
+		run               func(url string, n int) (int, meterResult, error)
 	}{
-		{"shaper lane, HTTP sink", "drain.New (defaults: capacity 1000, max_in_flight 8, min_spacing 0.95, the precise waiter) on an in-memory source (bench/diag.go memSource: no NATS, its cost is excluded) with sinks.NewHTTP as the daemon builds it (sink.url, a Content-Type header, WithMaxIdleConnsPerHost(64)); 256-byte bodies", runLaneHTTP},
-		{"bare net/http loop", "8 goroutines sharing rate.NewLimiter(5000, 8) (burst 1 tops out near 1,840/s here, NOTES.md); each Wait, then http.Client.Do of a POST with the same body, Content-Type and Idempotency-Key, body drained and closed; http.Transport with MaxIdleConnsPerHost 8 (keep-alive)", runBareHTTP},
-		{"bare net/http, evenly paced", "the bare loop's client and requests, released evenly instead: one goroutine on drain.NewPreciseWaiter to absolute instants one interval apart (lag above 0.9 interval forgiven) hands each request to one of 8 workers; what pacing one request at a time costs net/http and the kernel, without the lane", runPacedHTTP},
-		{"shaper lane, no-op sink", "the same lane with a sink that returns at once (no HTTP, no wire report): the lane's own share of the first row; no downstream, so its rate is from the Sends' instants and it has no windows", nil},
+		{"shaper lane, HTTP sink", "lane-http", "drain.New (defaults: capacity 1000, max_in_flight 8, min_spacing 0.95, the precise waiter) on an in-memory source (bench/diag.go memSource: no NATS, its cost is excluded) with sinks.NewHTTP as the daemon builds it (sink.url, a Content-Type header, WithMaxIdleConnsPerHost(64)); 256-byte bodies", runLaneHTTP},
+		{"bare net/http loop", "bare", "8 goroutines sharing rate.NewLimiter(5000, 8) (burst 1 tops out near 1,840/s here, NOTES.md); each Wait, then http.Client.Do of a POST with the same body, Content-Type and Idempotency-Key, body drained and closed; http.Transport with MaxIdleConnsPerHost 8 (keep-alive)", runBareHTTP},
+		{"bare net/http, evenly paced", "paced", "the bare loop's client and requests, released evenly instead: one goroutine on drain.NewPreciseWaiter to absolute instants one interval apart (lag above 0.9 interval forgiven) hands each request to one of 8 workers; what pacing one request at a time costs net/http and the kernel, without the lane", runPacedHTTP},
+		{"shaper lane, no-op sink", "lane-noop", "the same lane with a sink that returns at once (no HTTP, no wire report): the lane's own share of the first row; no downstream, so its rate is from the Sends' instants and it has no windows", nil},
 	}
 }
 
@@ -113,13 +121,18 @@ func measureRun(f func() error) (meterResult, error) {
 // against a fresh downstream process.
 func runHTTPSection(d time.Duration, quiet func(), logf func(string, ...any)) (rows []httpRow, problems []string) {
 	n := int(httpRate * d.Seconds())
+	only := os.Getenv(envHTTPOnly)
 	for _, c := range httpContenders() {
+		if only != "" && c.label != only {
+			continue
+		}
 		quiet()
 		row := httpRow{name: c.name, what: c.what}
 		// The label lets a profile of the run be read per contender:
-		// go tool pprof -tagfocus 'sender=bare net/http loop' (goroutines
-		// inherit it: the lane's, the transport's connection loops).
-		pprof.Do(context.Background(), pprof.Labels("sender", c.name), func(context.Context) {
+		// go tool pprof -tagfocus sender=bare (goroutines inherit it: the
+		// lane's, the transport's connection loops; pprof splits a
+		// -tagfocus value at commas, hence the short names).
+		pprof.Do(context.Background(), pprof.Labels("sender", c.label), func(context.Context) {
 			if c.run == nil { // the no-op sink: no downstream
 				row = runLaneNoop(n)
 				row.name, row.what = c.name, c.what
@@ -131,8 +144,8 @@ func runHTTPSection(d time.Duration, quiet func(), logf func(string, ...any)) (r
 			problems = append(problems, fmt.Sprintf("HTTP %s: %v", c.name, row.err))
 		}
 		rows = append(rows, row)
-		logf("http %-26s %d requests: achieved %.1f/s (%s %%), cpu %s µs/request, %.1f allocs/request, windows %v, longest gap %s, %d connections, departure→wire %v, →Send %v, other load %.0f %%",
-			row.name, row.n, row.achieved, fmtPct(row.errPct), fmtUs(row.cpuPerReq), row.allocs, row.win, row.maxGap, row.conns, row.wire, row.start, 100*row.load)
+		logf("http %-26s %d requests: achieved %.1f/s (%s %%), cpu %s µs/request, %.1f allocs/request, windows %v, longest gap %s, %d connections, departure→wire %v, →Send %v, wire→next departure %v, wire mean %s excess %s, other load %.0f %%",
+			row.name, row.n, row.achieved, fmtPct(row.errPct), fmtUs(row.cpuPerReq), row.allocs, row.win, row.maxGap, row.conns, row.wire, row.start, row.next, fmtUs(row.wireMean), fmtUs(row.wireExcess), 100*row.load)
 	}
 	return rows, problems
 }
@@ -153,7 +166,8 @@ func measureHTTP(name, what string, run func(string, int) (int, meterResult, err
 	row.conns, row.unstamped, row.downCPU = seen.conns, seen.unstamped, seen.cpu
 	row.fillRate(seen.at)
 	if name == "shaper lane, HTTP sink" {
-		row.wire, row.start = lastLaneDelays[0], lastLaneDelays[1]
+		row.wire, row.start, row.next = lastLaneDelays[0], lastLaneDelays[1], lastLaneDelays[2]
+		row.wireMean, row.wireExcess = lastMean, lastExcess
 	}
 	if row.err == nil && row.n != n {
 		row.err = fmt.Errorf("the downstream received %d of %d requests", row.n, n)
@@ -207,6 +221,22 @@ type countingSink struct {
 	mu    sync.Mutex
 	wire  []time.Duration // departure → wire report
 	start []time.Duration // departure → Send called (the task goroutine ran)
+	pairs [][2]time.Time  // (departure, wire report) of each request
+}
+
+// wireToNext returns, for each request but the last, the time from its wire
+// report to the next departure: how long the lane's hold on the wire (and
+// the pacer) kept the next one.
+func (s *countingSink) wireToNext() []time.Duration {
+	s.mu.Lock()
+	ps := slices.Clone(s.pairs)
+	s.mu.Unlock()
+	slices.SortFunc(ps, func(a, b [2]time.Time) int { return a[0].Compare(b[0]) })
+	var out []time.Duration
+	for i := 1; i < len(ps); i++ {
+		out = append(out, ps[i][0].Sub(ps[i-1][1]))
+	}
+	return out
 }
 
 func (s *countingSink) Send(ctx context.Context, m *shaper.Message) error {
@@ -216,6 +246,7 @@ func (s *countingSink) Send(ctx context.Context, m *shaper.Message) error {
 			s.mu.Lock()
 			s.wire = append(s.wire, t.Sub(m.Departed))
 			s.start = append(s.start, began)
+			s.pairs = append(s.pairs, [2]time.Time{m.Departed, t})
 			s.mu.Unlock()
 			wire(t)
 		})
@@ -280,8 +311,33 @@ func delayQuantiles(xs []time.Duration) []time.Duration {
 	return q
 }
 
-// lastLaneDelays carries the lane's delays out of runLaneHTTP to its row.
-var lastLaneDelays [2][]time.Duration
+// meanExcess returns the mean of xs and the mean of its excess over that
+// mean, max(x − mean, 0): with the spacing floor anchored at each request's
+// wire report less the usual delay (shaper.Pacer.Wire), every request later
+// than usual pushes the next departure back by its excess, so the excess is
+// (up to the make-up of (1 − min_spacing) per departure) the lane's lost
+// time per request.
+func meanExcess(xs []time.Duration) (mean, excess time.Duration) {
+	if len(xs) == 0 {
+		return 0, 0
+	}
+	var sum time.Duration
+	for _, x := range xs {
+		sum += x
+	}
+	mean = sum / time.Duration(len(xs))
+	for _, x := range xs {
+		excess += max(x-mean, 0)
+	}
+	return mean, excess / time.Duration(len(xs))
+}
+
+// lastLaneDelays carries the lane's delays out of runLaneHTTP to its row:
+// departure → wire, departure → Send, wire → next departure.
+var lastLaneDelays [3][]time.Duration
+
+// lastMean and lastExcess are meanExcess of the lane's departure → wire delays.
+var lastMean, lastExcess time.Duration
 
 func runLaneHTTP(url string, n int) (int, meterResult, error) {
 	cfg := httpLaneConfig(url)
@@ -294,8 +350,10 @@ func runLaneHTTP(url string, n int) (int, meterResult, error) {
 	sent, m, cs, err := runLaneOnSink(cfg, sink, sink.ReportsWire(), n)
 	if cs != nil {
 		cs.mu.Lock()
-		lastLaneDelays = [2][]time.Duration{delayQuantiles(cs.wire), delayQuantiles(cs.start)}
+		wire, start := delayQuantiles(cs.wire), delayQuantiles(cs.start)
+		lastMean, lastExcess = meanExcess(cs.wire)
 		cs.mu.Unlock()
+		lastLaneDelays = [3][]time.Duration{wire, start, delayQuantiles(cs.wireToNext())}
 	}
 	return sent, m, err
 }
@@ -704,12 +762,13 @@ func (r *Results) httpMarkdown() string {
 	if lane, ok := r.httpOf("shaper lane, HTTP sink"); ok && len(lane.wire) == len(httpQuantiles) {
 		w("The lane's requests from departure to the task's Send call and to the sink's wire report (the\n")
 		w("connection's Write returned), in µs: the lane holds the next departure until the report, and a report\n")
-		w("later than the usual delay pushes the next departure back (shaper.Pacer.Wire, SPEC G1 at the wire).\n\n")
+		w("later than the usual delay pushes the next departure back (shaper.Pacer.Wire, SPEC G1 at the wire); the\n")
+		w("last row is from one request's wire report to the next departure (negative: it left before the report).\n\n")
 		qt := table{head: []string{"departure →", "p50", "p90", "p99", "p99.9"}}
 		for _, d := range []struct {
 			name string
 			q    []time.Duration
-		}{{"Send called", lane.start}, {"wire report", lane.wire}} {
+		}{{"Send called", lane.start}, {"wire report", lane.wire}, {"(wire report →) next departure", lane.next}} {
 			row := []string{d.name}
 			for _, q := range d.q {
 				row = append(row, fmtUs(q))
@@ -717,9 +776,18 @@ func (r *Results) httpMarkdown() string {
 			qt.add(row...)
 		}
 		w("%s\n", qt.String())
+		if lane.achieved > 0 {
+			lost := time.Duration(float64(time.Second)/lane.achieved - float64(time.Second)/httpRate)
+			w("Departure → wire: mean %s µs; the mean excess over it, max(delay − mean, 0), is %s µs per request,\n", fmtUs(lane.wireMean), fmtUs(lane.wireExcess))
+			w("against %s µs of time lost per request (1/achieved − 1/limit): the floor of the next departure is\n", fmtUs(lost))
+			w("anchored at each wire report less the usual delay, so a request later than usual pushes the next one\n")
+			w("back by its excess, and at most (1 − min_spacing) of an interval (%s µs) is made up per departure.\n\n",
+				fmtUs(time.Duration((1-shaper.DefaultMinSpacing)*float64(time.Second)/httpRate)))
+		}
 	}
 	w("Where the lane is behind, docs/performance-http.md says why, from a profile (`go run ./bench -section http\n")
-	w("-cpuprofile FILE`, then `go tool pprof -top FILE`).\n\n")
+	w("-cpuprofile FILE`, then `go tool pprof -tagfocus sender=lane-http -top FILE`; the labels are lane-http, bare,\n")
+	w("paced and lane-noop, in the order of the rows).\n\n")
 	return b.String()
 }
 
