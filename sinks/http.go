@@ -82,10 +82,12 @@ type HTTPConfig struct {
 	Signing SigningConfig
 	// Client, when non-nil, sends the requests and is used as is: its
 	// transport, timeout and redirect policy apply, and Close leaves it
-	// alone. When nil the sink uses its own client: a keep-alive transport
-	// with [DefaultMaxIdleConnsPerHost] idle connections, proxies from the
-	// environment, no overall timeout (the ctx of Send bounds each call) and
-	// no redirects followed (a 3xx is classified like any other status).
+	// alone. When nil the sink uses its own keep-alive transport, with
+	// [DefaultMaxIdleConnsPerHost] idle connections and proxies from the
+	// environment, directly (no http.Client: issue 15): no overall timeout
+	// (the ctx of Send bounds each call), no redirects followed (a 3xx is
+	// classified like any other status), the URL's user info sent as basic
+	// auth unless an Authorization header is set, as http.Client would.
 	Client *http.Client
 	// Auth is sink.auth: the Authorization header the sink sets itself
 	// (auth.go). The zero value sends none.
