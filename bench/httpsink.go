@@ -813,7 +813,11 @@ func (r *Results) httpHeadlines() []string {
 	if bare.cpuPerReq > 0 {
 		ratio = float64(lane.cpuPerReq) / float64(bare.cpuPerReq)
 	}
-	return []string{fmt.Sprintf("HTTP sink at %s/s to a downstream process: the lane delivered %s/s at the downstream's kernel stamps (%s %%: %s ±%.1f %%), %s; CPU %s µs per request against %s µs for a bare net/http loop at the same rate (%s/s, %s %%): %.2f ×; %d connection(s) dialled.",
+	paced := ""
+	if p, ok := r.httpOf("bare net/http, evenly paced"); ok && p.cpuPerReq > 0 {
+		paced = fmt.Sprintf(", and %.2f × the %s µs of the same client paced evenly (%s/s)", float64(lane.cpuPerReq)/float64(p.cpuPerReq), fmtUs(p.cpuPerReq), fmtRate(p.achieved))
+	}
+	return []string{fmt.Sprintf("HTTP sink at %s/s to a downstream process: the lane delivered %s/s at the downstream's kernel stamps (%s %%: %s ±%.1f %%), %s; CPU %s µs per request against %s µs for a bare net/http loop at the same rate (%s/s, %s %%): %.2f ×%s; %d connection(s) dialled.",
 		fmtInt(httpRate), fmtRate(lane.achieved), fmtPct(lane.errPct), verdict, httpMaxErrPct, g1,
-		fmtUs(lane.cpuPerReq), fmtUs(bare.cpuPerReq), fmtRate(bare.achieved), fmtPct(bare.errPct), ratio, lane.conns)}
+		fmtUs(lane.cpuPerReq), fmtUs(bare.cpuPerReq), fmtRate(bare.achieved), fmtPct(bare.errPct), ratio, paced, lane.conns)}
 }
