@@ -84,11 +84,12 @@ type httpRow struct {
 // httpContenders are the rows of section 11, in order.
 func httpContenders() []struct {
 	name, label, what string
-	run               func(url string, n int) (sent int, m meterResult, err error)
+	// run sends n requests to url; it may fill the row's delays (the lane).
+	run func(url string, n int, row *httpRow) (sent int, m meterResult, err error)
 } {
 	return []struct {
 		name, label, what string
-		run               func(url string, n int) (int, meterResult, error)
+		run               func(url string, n int, row *httpRow) (int, meterResult, error)
 	}{
 		{"shaper lane, HTTP sink", "lane-http", "drain.New (defaults: capacity 1000, max_in_flight 8, min_spacing 0.95, the precise waiter) on an in-memory source (bench/diag.go memSource: no NATS, its cost is excluded) with sinks.NewHTTP as the daemon builds it (sink.url, a Content-Type header, WithMaxIdleConnsPerHost(64)); 256-byte bodies", runLaneHTTP},
 		{"bare net/http loop", "bare", "8 goroutines sharing rate.NewLimiter(5000, 8) (burst 1 tops out near 1,840/s here, NOTES.md); each Wait, then http.Client.Do of a POST with the same body, Content-Type and Idempotency-Key, body drained and closed; http.Transport with MaxIdleConnsPerHost 8 (keep-alive)", runBareHTTP},
@@ -150,14 +151,14 @@ func runHTTPSection(d time.Duration, quiet func(), logf func(string, ...any)) (r
 	return rows, problems
 }
 
-func measureHTTP(name, what string, run func(string, int) (int, meterResult, error), n int) httpRow {
+func measureHTTP(name, what string, run func(string, int, *httpRow) (int, meterResult, error), n int) httpRow {
 	row := httpRow{name: name, what: what}
 	down, err := startHTTPDownstream()
 	if err != nil {
 		row.err = err
 		return row
 	}
-	sent, m, err := run(down.url, n)
+	sent, m, err := run(down.url, n, &row)
 	seen, derr := down.stop()
 	row.err = errors.Join(err, derr)
 	row.cpuPerReq = m.cpu / time.Duration(max(sent, 1))
@@ -165,10 +166,6 @@ func measureHTTP(name, what string, run func(string, int) (int, meterResult, err
 	row.load = m.load
 	row.conns, row.unstamped, row.downCPU = seen.conns, seen.unstamped, seen.cpu
 	row.fillRate(seen.at)
-	if name == "shaper lane, HTTP sink" {
-		row.wire, row.start, row.next = lastLaneDelays[0], lastLaneDelays[1], lastLaneDelays[2]
-		row.wireMean, row.wireExcess = lastMean, lastExcess
-	}
 	if row.err == nil && row.n != n {
 		row.err = fmt.Errorf("the downstream received %d of %d requests", row.n, n)
 	}
@@ -332,14 +329,8 @@ func meanExcess(xs []time.Duration) (mean, excess time.Duration) {
 	return mean, excess / time.Duration(len(xs))
 }
 
-// lastLaneDelays carries the lane's delays out of runLaneHTTP to its row:
-// departure → wire, departure → Send, wire → next departure.
-var lastLaneDelays [3][]time.Duration
-
-// lastMean and lastExcess are meanExcess of the lane's departure → wire delays.
-var lastMean, lastExcess time.Duration
-
-func runLaneHTTP(url string, n int) (int, meterResult, error) {
+// runLaneHTTP runs the lane through the HTTP sink and fills row's delays.
+func runLaneHTTP(url string, n int, row *httpRow) (int, meterResult, error) {
 	cfg := httpLaneConfig(url)
 	sink, err := sinks.NewHTTP(sinks.HTTPConfig{URL: cfg.Sink.URL, Headers: cfg.Sink.Headers},
 		sinks.WithMaxIdleConnsPerHost(max(sinks.DefaultMaxIdleConnsPerHost, cfg.Task.MaxInFlight)))
@@ -350,10 +341,10 @@ func runLaneHTTP(url string, n int) (int, meterResult, error) {
 	sent, m, cs, err := runLaneOnSink(cfg, sink, sink.ReportsWire(), n)
 	if cs != nil {
 		cs.mu.Lock()
-		wire, start := delayQuantiles(cs.wire), delayQuantiles(cs.start)
-		lastMean, lastExcess = meanExcess(cs.wire)
+		row.wire, row.start = delayQuantiles(cs.wire), delayQuantiles(cs.start)
+		row.wireMean, row.wireExcess = meanExcess(cs.wire)
 		cs.mu.Unlock()
-		lastLaneDelays = [3][]time.Duration{wire, start, delayQuantiles(cs.wireToNext())}
+		row.next = delayQuantiles(cs.wireToNext())
 	}
 	return sent, m, err
 }
@@ -394,7 +385,7 @@ const bareWorkers = config.DefaultMaxInFlight
 
 // runBareHTTP is what a user would write instead of shaper: a keep-alive
 // client, a shared limiter, a few goroutines.
-func runBareHTTP(url string, n int) (int, meterResult, error) {
+func runBareHTTP(url string, n int, _ *httpRow) (int, meterResult, error) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: bareWorkers}}
 	defer client.CloseIdleConnections()
 	lim := rate.NewLimiter(rate.Limit(httpRate), bareWorkers)
@@ -445,7 +436,7 @@ func runBareHTTP(url string, n int) (int, meterResult, error) {
 
 // runPacedHTTP is runBareHTTP's client with even departures: the cost of
 // pacing one request at a time, apart from the lane's.
-func runPacedHTTP(url string, n int) (int, meterResult, error) {
+func runPacedHTTP(url string, n int, _ *httpRow) (int, meterResult, error) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: bareWorkers}}
 	defer client.CloseIdleConnections()
 	body := make([]byte, payloadSize)
