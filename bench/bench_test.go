@@ -11,7 +11,14 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain also serves as section 11's downstream process: the harness
+// re-executes its own binary, which under `go test` is this one.
+func TestMain(m *testing.M) {
+	if os.Getenv(envHTTPDownstream) == "1" {
+		os.Exit(serveHTTPDownstream(os.Stdin, os.Stdout))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // TestBenchQuick runs `go run ./bench -quick` so that CI notices when the
 // harness rots (an API it uses changed, a contender stopped delivering, a
@@ -43,6 +50,7 @@ func TestBenchQuick(t *testing.T) {
 		"| shaper lane, 1e6/s, no-op sink ", "| nats.go Consume + Ack (ceiling) ",
 		"## 7. CPU per departure against clock_nanosleep", "| clock_nanosleep ", "| clock_nanosleep raw ",
 		"shaper vs the issue's clock_nanosleep loop", "CPU hog on the other core",
+		"## 11. HTTP sink at 5,000/s", "| shaper lane, HTTP sink ", "| bare net/http loop ",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
@@ -50,6 +58,25 @@ func TestBenchQuick(t *testing.T) {
 	}
 	if strings.Contains(md, "Failed measurements") {
 		t.Errorf("some measurements failed:\n%s", md)
+	}
+}
+
+// TestBenchSectionHTTP runs `go run ./bench -section http -quick`: every
+// request of both senders reaches the downstream process (exit code 0) and
+// the section's table and headline are printed.
+func TestBenchSectionHTTP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("sends 15,000 requests")
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-section", "http", "-quick"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("bench -section http exited %d:\n%s", code, stderr.String())
+	}
+	for _, want := range []string{"## 11. HTTP sink at 5,000/s", "| shaper lane, HTTP sink ", "| bare net/http loop ",
+		"| shaper lane, no-op sink ", "- HTTP sink at 5,000/s to a downstream process"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("section lacks %q:\n%s", want, stdout.String())
+		}
 	}
 }
 

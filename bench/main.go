@@ -8,6 +8,8 @@
 //	go run ./bench -out FILE  # write the report elsewhere
 //	go run ./bench -section cpu [-cpuprofile FILE]
 //	                          # section 7 alone, on stdout only (and a CPU profile)
+//	go run ./bench -section http [-quick] [-cpuprofile FILE]
+//	                          # section 11 alone (the HTTP sink at 5,000/s)
 //
 // It prints the same Markdown on stdout and its progress on stderr.
 package main
@@ -28,11 +30,14 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 // the exit code. Its length is the flag set and the report's outputs in one
 // place, as a command's main reads.
 func run(args []string, stdout, stderr io.Writer) int {
+	if os.Getenv(envHTTPDownstream) == "1" { // section 11's downstream process
+		return serveHTTPDownstream(os.Stdin, stdout)
+	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	quick := fs.Bool("quick", false, "short run (under 60 s) for CI: fewer departures and messages")
 	out := fs.String("out", "", "where to write the report (default docs/BENCHMARKS.md of the module)")
-	section := fs.String("section", "", "run one section alone and print it without writing the report: cpu (section 7)")
+	section := fs.String("section", "", "run one section alone and print it without writing the report: cpu (section 7), http (section 11)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -41,8 +46,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	if *section != "" && *section != "cpu" {
-		fmt.Fprintf(stderr, "bench: unknown section %q (cpu)\n", *section)
+	if *section != "" && *section != "cpu" && *section != "http" {
+		fmt.Fprintf(stderr, "bench: unknown section %q (cpu, http)\n", *section)
 		return 2
 	}
 	if *cpuprofile != "" {
@@ -58,14 +63,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if *section == "cpu" {
-		res, err := Run(Options{Quick: *quick, OnlyCPU: true, Progress: stderr})
+	if *section != "" {
+		res, err := Run(Options{Quick: *quick, OnlyCPU: *section == "cpu", OnlyHTTP: *section == "http", Progress: stderr})
 		if err != nil {
 			fmt.Fprintln(stderr, "bench:", err)
 			return 1
 		}
-		fmt.Fprint(stdout, res.cpuMarkdown())
-		for _, h := range res.cpuHeadlines() {
+		md, hs := res.cpuMarkdown(), res.cpuHeadlines()
+		if *section == "http" {
+			md, hs = res.httpMarkdown(), res.httpHeadlines()
+		}
+		fmt.Fprint(stdout, md)
+		for _, h := range hs {
 			fmt.Fprintln(stdout, "- "+h)
 		}
 		for _, pr := range res.problems {

@@ -235,6 +235,9 @@ func (r *Results) Markdown() string {
 		}
 	}
 
+	// 11.
+	w("%s", r.httpMarkdown())
+
 	w("%s", analysis)
 	return b.String()
 }
@@ -333,6 +336,7 @@ func (r *Results) headlines() []string {
 	for _, m := range r.mem {
 		hs = append(hs, fmt.Sprintf("Memory, %s: %.0f heap bytes per queued %d-byte message.", m.name, m.perMsg, payloadSize))
 	}
+	hs = append(hs, r.httpHeadlines()...)
 	return hs
 }
 

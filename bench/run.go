@@ -21,6 +21,8 @@ type Options struct {
 	Progress io.Writer
 	// OnlyCPU runs section 7 alone (-section cpu).
 	OnlyCPU bool
+	// OnlyHTTP runs section 11 alone (-section http).
+	OnlyHTTP bool
 }
 
 // busyLimit is the share of the machine used by other processes above which
@@ -44,6 +46,7 @@ type plan struct {
 	memMsgs     int           // bucket of section 5, synthetic messages
 	memJSMsgs   int           // bucket of section 5, messages fetched from JetStream
 	cpuCell     time.Duration // one loop of section 7 at one rate
+	httpCell    time.Duration // one sender of section 11
 }
 
 func planFor(quick bool) plan {
@@ -59,6 +62,7 @@ func planFor(quick bool) plan {
 		memMsgs:     100_000,
 		memJSMsgs:   100_000,
 		cpuCell:     4 * time.Second,
+		httpCell:    10 * time.Second,
 	}
 	if quick {
 		p.cell = 200 * time.Millisecond
@@ -68,6 +72,7 @@ func planFor(quick bool) plan {
 		p.fixedMsgs = 1100
 		p.memJSMsgs = 10_000
 		p.cpuCell = 300 * time.Millisecond
+		p.httpCell = time.Second
 	}
 	return p
 }
@@ -89,6 +94,7 @@ type Results struct {
 	hog       string       // the command of section 7's CPU hog
 	longrun   []longRunRow // section 8 (full runs only)
 	longNotes []string     // section 8's misses: reported, not failures
+	http      []httpRow    // section 11
 	problems  []string
 	retries   int
 	quietWait time.Duration // spent waiting for a quiet machine
@@ -173,8 +179,12 @@ func Run(opts Options) (*Results, error) {
 		return s
 	}
 
-	if opts.OnlyCPU {
-		res.runCPU(quiet, logf)
+	if opts.OnlyCPU || opts.OnlyHTTP {
+		if opts.OnlyCPU {
+			res.runCPU(quiet, logf)
+		} else {
+			res.runHTTP(quiet, logf)
+		}
 		res.took = time.Since(res.started)
 		res.load = whole.other()
 		return res, nil
@@ -205,6 +215,9 @@ func Run(opts Options) (*Results, error) {
 	// process.
 	res.runCPU(quiet, logf)
 	logf("section 7 done at %s", time.Since(res.started).Round(time.Millisecond))
+
+	// 11. The HTTP sink at 5,000/s against a bare net/http loop (no NATS).
+	res.runHTTP(quiet, logf)
 
 	// 3–5 run against an embedded NATS server.
 	dir, err := os.MkdirTemp("", "shaper-bench-")
@@ -333,6 +346,12 @@ func Run(opts Options) (*Results, error) {
 func (res *Results) runCPU(quiet func(), logf func(string, ...any)) {
 	cells, hog, problems := runCPUSection(res.plan.cpuCell, quiet, logf)
 	res.cpu, res.hog = cells, hog
+	res.problems = append(res.problems, problems...)
+}
+
+func (res *Results) runHTTP(quiet func(), logf func(string, ...any)) {
+	rows, problems := runHTTPSection(res.plan.httpCell, quiet, logf)
+	res.http = rows
 	res.problems = append(res.problems, problems...)
 }
 

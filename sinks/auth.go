@@ -239,7 +239,7 @@ func newAuthorizer(a AuthConfig, log *slog.Logger, now func() time.Time) (author
 // longer. A credential that cannot be had is a retryable failure.
 func (s *HTTP) do(ctx context.Context, req *http.Request) (*http.Response, error) {
 	if s.auth == nil {
-		return s.client.Do(req)
+		return s.send(req)
 	}
 	cred, ok := s.auth.ready()
 	if !ok {
@@ -253,7 +253,7 @@ func (s *HTTP) do(ctx context.Context, req *http.Request) (*http.Response, error
 		}
 	}
 	req.Header.Set(AuthorizationHeader, cred)
-	resp, err := s.client.Do(req)
+	resp, err := s.send(req)
 	if err != nil || resp.StatusCode != http.StatusUnauthorized {
 		return resp, err
 	}
@@ -272,7 +272,7 @@ func (s *HTTP) do(ctx context.Context, req *http.Request) (*http.Response, error
 		}
 	}
 	retry.Header.Set(AuthorizationHeader, next)
-	return s.client.Do(retry)
+	return s.send(retry)
 }
 
 // drainBody reads what is left of a response (up to maxDrain) and closes

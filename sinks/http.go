@@ -82,10 +82,12 @@ type HTTPConfig struct {
 	Signing SigningConfig
 	// Client, when non-nil, sends the requests and is used as is: its
 	// transport, timeout and redirect policy apply, and Close leaves it
-	// alone. When nil the sink uses its own client: a keep-alive transport
-	// with [DefaultMaxIdleConnsPerHost] idle connections, proxies from the
-	// environment, no overall timeout (the ctx of Send bounds each call) and
-	// no redirects followed (a 3xx is classified like any other status).
+	// alone. When nil the sink uses its own keep-alive transport, with
+	// [DefaultMaxIdleConnsPerHost] idle connections and proxies from the
+	// environment, directly (no http.Client: issue 15): no overall timeout
+	// (the ctx of Send bounds each call), no redirects followed (a 3xx is
+	// classified like any other status), the URL's user info sent as basic
+	// auth unless an Authorization header is set, as http.Client would.
 	Client *http.Client
 	// Auth is sink.auth: the Authorization header the sink sets itself
 	// (auth.go). The zero value sends none.
@@ -185,6 +187,8 @@ type HTTP struct {
 	url       *URLTemplate
 	signer    *signer // nil: no signing
 	method    string
+	what      string // "http <method>", the prefix of Send's errors
+	basic     string // "Basic …" from the URL's user info, "" without
 	host      string
 	headers   http.Header
 	success   statusSet
@@ -291,6 +295,61 @@ func wireDialer(d *net.Dialer) func(ctx context.Context, network, addr string) (
 	}
 }
 
+// wireTrace reports when one request is on the wire (shaper.WithWire): when
+// the connection's Write of it returned. WroteRequest alone is too early — it
+// fires when the request is in the connection's buffer, before the
+// transport's writer goroutine flushes it, and that goroutine can be
+// descheduled in between (measured: 1 ms). It is the fallback for a
+// caller-supplied Client, whose connections are not ours. One allocation
+// holds the trace and its state.
+type wireTrace struct {
+	trace   httptrace.ClientTrace
+	wire    func(time.Time)
+	viaConn atomic.Bool
+}
+
+func newWireTrace(wire func(time.Time)) *httptrace.ClientTrace {
+	t := &wireTrace{wire: wire}
+	t.trace.GotConn = t.gotConn
+	t.trace.WroteRequest = t.wroteRequest
+	return &t.trace
+}
+
+func (t *wireTrace) gotConn(info httptrace.GotConnInfo) {
+	c := info.Conn
+	if tc, ok := c.(interface{ NetConn() net.Conn }); ok { // TLS
+		c = tc.NetConn()
+	}
+	if wc, ok := c.(*wireConn); ok {
+		t.viaConn.Store(true)
+		wc.pending.Store(&t.wire)
+	}
+}
+
+func (t *wireTrace) wroteRequest(info httptrace.WroteRequestInfo) {
+	if info.Err == nil && !t.viaConn.Load() {
+		t.wire(time.Now())
+	}
+}
+
+// send sends req through the sink's own transport directly, or through
+// HTTPConfig.Client when one was given. The sink's own client would add
+// nothing but CPU on every request (issue 15: its redirect loop, the copy of
+// the headers kept for redirects, its deadline plumbing): it follows no
+// redirect (a 3xx is classified like any other status) and has no overall
+// timeout (ctx bounds the call). What it would do that matters is done here:
+// the URL's user info is sent as basic auth unless an Authorization header is
+// set (as http.Client does); errors carry no URL either way (stripURL).
+func (s *HTTP) send(req *http.Request) (*http.Response, error) {
+	if s.transport == nil || s.client.Transport != s.transport {
+		return s.client.Do(req)
+	}
+	if s.basic != "" && req.Header.Get(AuthorizationHeader) == "" {
+		req.Header[AuthorizationHeader] = []string{s.basic}
+	}
+	return s.transport.RoundTrip(req)
+}
+
 // ReportsWire reports true: Send calls the function of shaper.WithWire when
 // the request has been written to the connection (drain.WireReporter).
 func (s *HTTP) ReportsWire() bool { return true }
@@ -302,7 +361,7 @@ func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
 		return retryable("http", ErrClosed)
 	}
 	defer s.gate.leave()
-	what := "http " + s.method
+	what := s.what
 	if err := ctx.Err(); err != nil {
 		return retryable(what, err)
 	}
@@ -313,31 +372,7 @@ func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
 	}
 	rctx := ctx
 	if wire := shaper.WireFrom(ctx); wire != nil {
-		// Report when the request is on the wire (shaper.WithWire): when
-		// the connection's Write of it returned. WroteRequest alone is too
-		// early — it fires when the request is in the connection's buffer,
-		// before the transport's writer goroutine flushes it, and that
-		// goroutine can be descheduled in between (measured: 1 ms). It is the
-		// fallback for a caller-supplied Client, whose connections are not
-		// ours.
-		var viaConn atomic.Bool
-		rctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-			GotConn: func(info httptrace.GotConnInfo) {
-				c := info.Conn
-				if tc, ok := c.(interface{ NetConn() net.Conn }); ok { // TLS
-					c = tc.NetConn()
-				}
-				if wc, ok := c.(*wireConn); ok {
-					viaConn.Store(true)
-					wc.pending.Store(&wire)
-				}
-			},
-			WroteRequest: func(info httptrace.WroteRequestInfo) {
-				if info.Err == nil && !viaConn.Load() {
-					wire(time.Now())
-				}
-			},
-		})
+		rctx = httptrace.WithClientTrace(ctx, newWireTrace(wire))
 	}
 	target, err := s.url.Expand(m)
 	if err != nil { // the message lacks what sink.url references: dead letter invalid
@@ -355,10 +390,14 @@ func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
 		h[name] = values // shared, read-only: transports do not modify requests
 	}
 	s.forwardNATSHeaders(h, m.Header)
-	h.Set(IdempotencyKeyHeader, key)
-	h.Set(SubjectHeader, m.Subject)
-	h.Set(DeliveryHeader, strconv.FormatUint(m.NumDelivered, 10))
-	s.signer.sign(h, key, s.now(), m.Data) // last: at the send (signing.go)
+	// The sink's own headers, in one allocation (canonical names: set as
+	// h.Set would).
+	own := [...]string{key, m.Subject, strconv.FormatUint(m.NumDelivered, 10)}
+	vals := own[:]
+	h[IdempotencyKeyHeader], h[SubjectHeader], h[DeliveryHeader] = vals[0:1:1], vals[1:2:2], vals[2:3:3]
+	if s.signer != nil {
+		s.signer.sign(h, key, s.now(), m.Data) // last: at the send (signing.go)
+	}
 
 	resp, err := s.do(ctx, req) // with sink.auth's header (auth.go)
 	if err != nil {
@@ -419,7 +458,7 @@ func (s *HTTP) classify(what string, resp *http.Response) error {
 // carry.
 func (s *HTTP) forwardNATSHeaders(h http.Header, from map[string][]string) {
 	for name, values := range from {
-		key := http.CanonicalHeaderKey(NATSHeaderPrefix + name)
+		var key string
 		switch {
 		case strings.EqualFold(name, shaper.MsgIDHeader):
 			key = NATSHeaderPrefix + "Msg-Id"
@@ -428,6 +467,8 @@ func (s *HTTP) forwardNATSHeaders(h http.Header, from map[string][]string) {
 		case !isToken(name):
 			s.logger.Debug("sink skipped a NATS header with a name HTTP cannot carry", "header", name)
 			continue
+		default:
+			key = http.CanonicalHeaderKey(NATSHeaderPrefix + name)
 		}
 		for _, v := range values {
 			if !validHeaderValue(v) {

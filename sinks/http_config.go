@@ -4,6 +4,7 @@ package sinks
 // the URL, the method, the configured headers and the status sets.
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"maps"
@@ -86,6 +87,13 @@ func (s *HTTP) configure(cfg HTTPConfig) []error {
 		http.MethodPatch, http.MethodDelete, http.MethodOptions} {
 		if strings.EqualFold(s.method, std) {
 			s.method = std
+		}
+	}
+	s.what = "http " + s.method
+	if s.url != nil { // the URL's user info, as basic auth (send)
+		if u, err := url.Parse(s.url.prefix); err == nil && u.User != nil {
+			password, _ := u.User.Password()
+			s.basic = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+password))
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Headers)) {

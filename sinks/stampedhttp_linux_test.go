@@ -62,7 +62,7 @@ type stampedHTTPProcess struct {
 
 // startStampedHTTPProcess starts the downstream process; Stop returns what
 // it saw. The process is killed on cleanup (and if this one dies).
-func startStampedHTTPProcess(t *testing.T) *stampedHTTPProcess {
+func startStampedHTTPProcess(t testing.TB) *stampedHTTPProcess {
 	t.Helper()
 	tp, addr := startTestProcess(t, "downstream", "TestHTTPWireServerProcess", envStampedHTTP+"=1")
 	return &stampedHTTPProcess{testProcess: tp, addr: addr}

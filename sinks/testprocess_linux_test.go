@@ -25,7 +25,7 @@ type testProcess struct {
 
 // startTestProcess starts it and returns it with the address it printed.
 // The process is killed on cleanup unless stopped (and if this one dies).
-func startTestProcess(t *testing.T, what, run string, env ...string) (*testProcess, string) {
+func startTestProcess(t testing.TB, what, run string, env ...string) (*testProcess, string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1")
 	cmd.Env = append(os.Environ(), env...)
