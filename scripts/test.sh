@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 # Installs, when missing: redis-server (the Redis tests use a real one),
 # redis-sentinel (the Sentinel failover tests, internal/testserver),
+# redis-cli (redis-tools: forms the Redis Cluster of internal/testserver),
 # promtool (Debian's prometheus package: the alert rules' unit tests,
 # deploy/prometheus/alerts_test.yaml) and chromium (the console test drives it
 # headless). Under CI=true a missing one fails its tests. apt-get update runs
@@ -15,6 +16,7 @@ if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v node >/dev/null 2>&1 || missing+=(nodejs npm) # the Standard Webhooks verifier (internal/swverify)
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then

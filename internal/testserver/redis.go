@@ -1,10 +1,11 @@
 // Package testserver starts the real servers the tests run against (SPEC
-// rule 1: real parts, not mocks): redis-server processes ([StartRedis]),
+// rule 1: real parts, not mocks): redis-server processes ([StartRedis]), a
+// redis-sentinel ([StartSentinel]), a Redis Cluster ([StartRedisCluster]),
 // in-process NATS servers ([NATS]), a nats-server process that can be
 // stopped and restarted on its port and store ([StartNATSProcess]) and a
 // JetStream cluster of nats-server processes ([StartCluster]). It is the one
-// starter of each; tests of every package use it. Under
-// CI=true a missing binary is a test failure, never a skip.
+// starter of each; tests of every package use it. Under CI=true a missing
+// binary is a test failure, never a skip.
 package testserver
 
 import (
