@@ -59,6 +59,9 @@ type Redis struct {
 	port int
 
 	args []string // extra arguments (WithRedisArgs)
+	env  []string // extra environment (WithSteppableClock)
+
+	clockFile string // libfaketime's offset file (WithSteppableClock)
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
@@ -100,6 +103,9 @@ func (r *Redis) Start() {
 		"--save", "", "--appendonly", "no", "--dir", r.dir, "--daemonize", "no"}, r.args...)
 	cmd := exec.Command(r.bin, args...)
 	cmd.Stdout, cmd.Stderr = r.out, r.out
+	if len(r.env) > 0 {
+		cmd.Env = append(os.Environ(), r.env...)
+	}
 	if err := cmd.Start(); err != nil {
 		r.t.Fatal(err)
 	}
