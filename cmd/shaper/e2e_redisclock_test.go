@@ -96,6 +96,7 @@ downstreams:
 	span := ts[len(ts)-1].Sub(ts[0]).Seconds()
 	t.Logf("%d over %.2fs: %.1f/s; worst 1 s window %d; largest gap %v; %v; %v", len(ts), span,
 		float64(len(ts)-1)/span, worst, maxGap.Round(time.Millisecond), around, fallback)
+	t.Logf("per second from the first arrival: %v", perSecond(ts))
 	assertRate(t, "1s windows across the clock steps", ts, time.Second, 53)
 	if maxGap > time.Second {
 		t.Errorf("a gap of %v at the downstream, want ≤ 1s (no stall)", maxGap)
@@ -109,4 +110,21 @@ func within(ts []time.Time, from, to time.Time) []time.Time {
 	i := sort.Search(len(ts), func(i int) bool { return !ts[i].Before(from) })
 	j := sort.Search(len(ts), func(i int) bool { return !ts[i].Before(to) })
 	return ts[i:j]
+}
+
+// perSecond counts ts (sorted) in consecutive 1 s buckets from the first
+// (diagnostics for the logs: where a run lost rate).
+func perSecond(ts []time.Time) []int {
+	if len(ts) == 0 {
+		return nil
+	}
+	var out []int
+	for _, x := range ts {
+		i := int(x.Sub(ts[0]) / time.Second)
+		for len(out) <= i {
+			out = append(out, 0)
+		}
+		out[i]++
+	}
+	return out
 }

@@ -149,6 +149,7 @@ downstreams:
 	span := ts[len(ts)-1].Sub(ts[0]).Seconds()
 	t.Logf("%d over %.2fs: %.1f/s; worst 1 s window %d; largest gap %v; %v", len(ts), span,
 		float64(len(ts)-1)/span, worst, maxGap.Round(time.Millisecond), fallback)
+	t.Logf("per second from the first arrival: %v", perSecond(ts))
 	assertRate(t, "1s windows across the cluster's failures", ts, time.Second, 53)
 	if maxGap > time.Second {
 		t.Errorf("a gap of %v at the downstream, want ≤ 1s (no stall)", maxGap)
