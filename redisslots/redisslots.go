@@ -314,12 +314,13 @@ func leaseSize(interval time.Duration) int {
 // is used up (and, for leases of several slots, when handing out the last
 // slot, to reserve the next lease ahead). An error means Redis failed or
 // did not answer within the timeout: no slot is given, the caller paces
-// locally. A call that times out is tried once more before Reserve gives
-// up, so Reserve returns within about twice the timeout (at once when the
-// connection is refused). When the shared quota is spent the error is a
-// *drain.QuotaWait with the local instant at which the oldest counted slot
-// leaves the window: no slot was taken, ask again then. A lease is cut
-// short where the quota would be spent within it.
+// locally. A call that times out, or whose connection broke, is tried once
+// more before Reserve gives up (retryOnce), so Reserve returns within about
+// twice the timeout (at once when the connection is refused). When the
+// shared quota is spent the error is a *drain.QuotaWait with the local
+// instant at which the oldest counted slot leaves the window: no slot was
+// taken, ask again then. A lease is cut short where the quota would be
+// spent within it.
 func (s *LaneSlots) Reserve(ctx context.Context, r drain.SlotRequest) (time.Time, error) {
 	interval := r.Interval
 	if interval <= 0 {
@@ -346,10 +347,11 @@ func (s *LaneSlots) Reserve(ctx context.Context, r drain.SlotRequest) (time.Time
 		return t, nil
 	}
 	next, err := s.reserve(ctx, r)
-	if err != nil && ctx.Err() == nil && isTimeout(err) {
-		// One late answer (a stall of this process or of Redis) is not an
-		// outage: falling back while the other replicas still reach Redis
-		// would add this replica's fallback rate on top of the limit.
+	if err != nil && ctx.Err() == nil && retryOnce(err) { // retry.go
+		// One late answer (a stall of this process or of Redis), or a
+		// connection a failover broke, is not an outage: falling back while
+		// the other replicas still reach Redis would add this replica's
+		// fallback rate on top of the limit.
 		next, err = s.reserve(ctx, r)
 	}
 	if err != nil {

@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 
 # Installs, when missing: redis-server (the Redis tests use a real one),
 # redis-sentinel (the Sentinel failover tests, internal/testserver),
+# redis-cli (redis-tools: forms the Redis Cluster of internal/testserver),
+# libfaketime and libtcmalloc-minimal4 (redis-server under a stepped clock,
+# internal/testserver WithSteppableClock),
 # promtool (Debian's prometheus package: the alert rules' unit tests,
 # deploy/prometheus/alerts_test.yaml) and chromium (the console test drives it
 # headless). Under CI=true a missing one fails its tests. apt-get update runs
@@ -15,6 +18,9 @@ if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null || missing+=(libfaketime)
+compgen -G '/usr/lib/*/libtcmalloc_minimal.so.4' >/dev/null || missing+=(libtcmalloc-minimal4)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v node >/dev/null 2>&1 || missing+=(nodejs npm) # the Standard Webhooks verifier (internal/swverify)
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then

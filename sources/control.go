@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -45,19 +46,58 @@ type Control struct {
 	kv jetstream.KeyValue
 }
 
+// ControlOption configures OpenControl.
+type ControlOption func(*controlOptions)
+
+type controlOptions struct{ log *slog.Logger }
+
+// WithControlLogger sets the logger of OpenControl's warnings (default:
+// discard).
+func WithControlLogger(log *slog.Logger) ControlOption {
+	return func(o *controlOptions) { o.log = log }
+}
+
 // OpenControl opens ControlBucket, creating it (file storage, one revision
-// per key, replicas as given, at least 1) when missing.
-func OpenControl(ctx context.Context, js jetstream.JetStream, replicas int) (*Control, error) {
+// per key, replicas as given, at least 1) when missing. An existing bucket
+// keeps its replicas (shaper never changes them, as it never changes an
+// existing stream): when they differ from replicas (the largest
+// source.replicas, SPEC §4), it logs one warning at Warn level with both
+// numbers. The error wraps the server's when the bucket can be neither
+// opened nor created.
+func OpenControl(ctx context.Context, js jetstream.JetStream, replicas int, opts ...ControlOption) (*Control, error) {
+	o := controlOptions{log: slog.New(slog.DiscardHandler)}
+	for _, f := range opts {
+		f(&o)
+	}
+	want := max(1, replicas)
 	kv, err := js.KeyValue(ctx, ControlBucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: ControlBucket, History: 1,
-			Storage: jetstream.FileStorage, Replicas: max(1, replicas),
+			Storage: jetstream.FileStorage, Replicas: want,
 			Description: "shaper: operators' pauses, resumes and purges of lanes"})
+	} else if err == nil {
+		warnControlReplicas(ctx, kv, want, o.log)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("control bucket %s: %w", ControlBucket, err)
 	}
 	return &Control{kv: kv}, nil
+}
+
+// warnControlReplicas warns when the existing bucket's replicas differ from
+// want. A status that cannot be read is logged at debug: the bucket works
+// regardless.
+func warnControlReplicas(ctx context.Context, kv jetstream.KeyValue, want int, log *slog.Logger) {
+	st, err := kv.Status(ctx)
+	if err != nil {
+		log.Debug("control bucket status", "bucket", ControlBucket, "err", err)
+		return
+	}
+	if have := max(1, st.Config().Replicas); have != want {
+		log.Warn("control bucket replicas differ from source.replicas; the existing bucket keeps its replicas "+
+			"(change them with `nats stream edit KV_"+ControlBucket+" --replicas N`)",
+			"bucket", ControlBucket, "replicas", have, "want_replicas", want)
+	}
 }
 
 func controlKey(lane string) string { return "lane." + lane }

@@ -1,10 +1,11 @@
 // Package testserver starts the real servers the tests run against (SPEC
-// rule 1: real parts, not mocks): redis-server processes ([StartRedis]),
+// rule 1: real parts, not mocks): redis-server processes ([StartRedis]), a
+// redis-sentinel ([StartSentinel]), a Redis Cluster ([StartRedisCluster]),
 // in-process NATS servers ([NATS]), a nats-server process that can be
 // stopped and restarted on its port and store ([StartNATSProcess]) and a
 // JetStream cluster of nats-server processes ([StartCluster]). It is the one
-// starter of each; tests of every package use it. Under
-// CI=true a missing binary is a test failure, never a skip.
+// starter of each; tests of every package use it. Under CI=true a missing
+// binary is a test failure, never a skip.
 package testserver
 
 import (
@@ -58,6 +59,9 @@ type Redis struct {
 	port int
 
 	args []string // extra arguments (WithRedisArgs)
+	env  []string // extra environment (WithSteppableClock)
+
+	clockFile string // libfaketime's offset file (WithSteppableClock)
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
@@ -99,6 +103,9 @@ func (r *Redis) Start() {
 		"--save", "", "--appendonly", "no", "--dir", r.dir, "--daemonize", "no"}, r.args...)
 	cmd := exec.Command(r.bin, args...)
 	cmd.Stdout, cmd.Stderr = r.out, r.out
+	if len(r.env) > 0 {
+		cmd.Env = append(os.Environ(), r.env...)
+	}
 	if err := cmd.Start(); err != nil {
 		r.t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ const controlReadyTimeout = 5 * time.Second
 // startControl opens the control bucket and watches it; it returns once
 // the records that already exist were read.
 func (d *Daemon) startControl(ctx context.Context) error {
-	c, err := sources.OpenControl(ctx, d.js, maxReplicas(d.cfg)) // created with the largest source.replicas
+	c, err := sources.OpenControl(ctx, d.js, maxReplicas(d.cfg), sources.WithControlLogger(d.log)) // created with the largest source.replicas
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,85 @@
+package redisslots
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shaper-dev/shaper/config"
+)
+
+// TestRetryOnce: which failed calls Reserve tries once more (retry.go).
+func TestRetryOnce(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{context.DeadlineExceeded, true},
+		{&net.OpError{Op: "read", Err: timeoutErr{}}, true},
+		{fmt.Errorf("redis schedule k: reserve: %w", io.EOF), true},
+		{io.ErrUnexpectedEOF, true},
+		{&net.OpError{Op: "read", Err: syscall.ECONNRESET}, true},
+		{&net.OpError{Op: "write", Err: syscall.EPIPE}, true},
+		{net.ErrClosed, true},
+		{&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, false},
+		{fmt.Errorf("ERR shaper: bad reserve arguments"), false},
+		{context.Canceled, false},
+	} {
+		if got := retryOnce(tc.err); got != tc.want {
+			t.Errorf("retryOnce(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+// TestReserveSurvivesBrokenConnection: the server closes the connection of
+// a reservation under way (CLIENT KILL while CLIENT PAUSE WRITE holds it,
+// as a failover kills the old master's clients): Reserve dials again and
+// gets its slot instead of failing, so the lane does not fall back alone
+// while the other replicas go on sharing the full limit.
+func TestReserveSurvivesBrokenConnection(t *testing.T) {
+	r := startRedis(t)
+	rs, err := NewRedisSlots(config.Redis{Addr: r.Addr, KeyPrefix: "test", Timeout: time.Second, ReplicasHint: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rs.Close() })
+	ctx := context.Background()
+	if err := rs.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lane := rs.Lane("broken")
+	req := slotReq(20 * time.Millisecond)
+	if _, err := lane.Reserve(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Do("CLIENT", "PAUSE", "400", "WRITE"); got != "+OK" {
+		t.Fatalf("CLIENT PAUSE: %q", got)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := lane.Reserve(ctx, req)
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // the reservation waits in the pause
+	if got := r.Do("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"); got == "" || got[0] != ':' || got == ":0" {
+		t.Fatalf("CLIENT KILL: %q, want the number of clients killed (≥ 1)", got)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Reserve after its connection was killed: %v; want a slot (one retry on a new connection)", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("Reserve did not return within 3 s")
+	}
+}
