@@ -21,6 +21,9 @@ type Options struct {
 	Progress io.Writer
 	// OnlyCPU runs section 7 alone (-section cpu).
 	OnlyCPU bool
+	// Only runs one section of issue 15 alone: idle, lanes or redis
+	// (-section; issue15.go).
+	Only string
 }
 
 // busyLimit is the share of the machine used by other processes above which
@@ -44,6 +47,7 @@ type plan struct {
 	memMsgs     int           // bucket of section 5, synthetic messages
 	memJSMsgs   int           // bucket of section 5, messages fetched from JetStream
 	cpuCell     time.Duration // one loop of section 7 at one rate
+	issue15                   // sections 6, 9 and 10 (issue15.go)
 }
 
 func planFor(quick bool) plan {
@@ -59,6 +63,7 @@ func planFor(quick bool) plan {
 		memMsgs:     100_000,
 		memJSMsgs:   100_000,
 		cpuCell:     4 * time.Second,
+		issue15:     issue15Plan(quick),
 	}
 	if quick {
 		p.cell = 200 * time.Millisecond
@@ -74,25 +79,26 @@ func planFor(quick bool) plan {
 
 // Results holds everything one run measured.
 type Results struct {
-	opts      Options
-	plan      plan
-	started   time.Time
-	took      time.Duration
-	env       [][2]string
-	kinds     []pacerKind
-	prec      map[float64][]precision // by rate, in the order of kinds
-	judged    map[float64][]judgement // by judge limit, in the order of kinds
-	thr       []thrRow
-	fixed     []endToEnd
-	mem       []memoryRow
-	cpu       []cpuCell    // section 7
-	hog       string       // the command of section 7's CPU hog
-	longrun   []longRunRow // section 8 (full runs only)
-	longNotes []string     // section 8's misses: reported, not failures
-	problems  []string
-	retries   int
-	quietWait time.Duration // spent waiting for a quiet machine
-	load      float64       // other processes' share of the machine over the run
+	opts           Options
+	plan           plan
+	started        time.Time
+	took           time.Duration
+	env            [][2]string
+	kinds          []pacerKind
+	prec           map[float64][]precision // by rate, in the order of kinds
+	judged         map[float64][]judgement // by judge limit, in the order of kinds
+	thr            []thrRow
+	fixed          []endToEnd
+	mem            []memoryRow
+	cpu            []cpuCell    // section 7
+	hog            string       // the command of section 7's CPU hog
+	longrun        []longRunRow // section 8 (full runs only)
+	longNotes      []string     // section 8's misses: reported, not failures
+	issue15Results              // sections 6, 9 and 10 (issue15.go)
+	problems       []string
+	retries        int
+	quietWait      time.Duration // spent waiting for a quiet machine
+	load           float64       // other processes' share of the machine over the run
 }
 
 // thrRow aggregates the repetitions of one throughput contender.
@@ -173,6 +179,12 @@ func Run(opts Options) (*Results, error) {
 		return s
 	}
 
+	if opts.Only != "" {
+		err := res.runOnly(logf)
+		res.took = time.Since(res.started)
+		res.load = whole.other()
+		return res, err
+	}
 	if opts.OnlyCPU {
 		res.runCPU(quiet, logf)
 		res.took = time.Since(res.started)
@@ -318,6 +330,9 @@ func Run(opts Options) (*Results, error) {
 		}
 		logf("memory %-50s %.0f bytes/message", m.name, m.perMsg)
 	}
+
+	// 6, 9 and 10 (issue 15): Redis global pacing, an idle daemon, many lanes.
+	res.runIssue15(ctx, env, quiet, logf)
 
 	// 8. Long-run rate beside a CPU hog (full runs only: 10 s windows).
 	if !opts.Quick {
