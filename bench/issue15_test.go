@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -182,5 +183,39 @@ func TestWithServers(t *testing.T) {
 	}
 	if len(order) != 2 || order[0] != 2 || order[1] != 1 {
 		t.Errorf("cleanups ran %v, want [2 1]", order)
+	}
+}
+
+// TestFewestInWindow: G1's long-run check of section 10 counts the fewest
+// departures of a lane in a half-open 10 s window; at 5/s that is 50, and a
+// lane may be 1 short (0.5 % of 50, at least 1).
+func TestFewestInWindow(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	every := func(n int, skip ...int) []time.Time {
+		var out []time.Time
+		for i := range n {
+			if !slices.Contains(skip, i) {
+				out = append(out, t0.Add(time.Duration(i)*200*time.Millisecond))
+			}
+		}
+		return out
+	}
+	want, tol := longRunWant(5)
+	if want != 50 || tol != 1 {
+		t.Fatalf("longRunWant(5) = %d ± %d, want 50 ± 1", want, tol)
+	}
+	for _, c := range []struct {
+		name string
+		deps []time.Time
+		want int
+	}{
+		{"exact 20 s", every(101), 50},
+		{"one missing", every(101, 40), 49},
+		{"two missing", every(101, 40, 41), 48},
+		{"shorter than 10 s", every(40), -1},
+	} {
+		if got := fewestInWindow(c.deps, longRunWindow); got != c.want {
+			t.Errorf("%s: fewest %d, want %d", c.name, got, c.want)
+		}
 	}
 }
