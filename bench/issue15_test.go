@@ -2,15 +2,18 @@ package main
 
 import (
 	"context"
+	"math"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaper-dev/shaper/internal/testserver"
+	"github.com/shaper-dev/shaper/metrics"
 )
 
 // TestRedisBound: the window bounds of section 6 are floor(W × rate) + 1,
@@ -217,5 +220,26 @@ func TestFewestInWindow(t *testing.T) {
 		if got := fewestInWindow(c.deps, longRunWindow); got != c.want {
 			t.Errorf("%s: fewest %d, want %d", c.name, got, c.want)
 		}
+	}
+}
+
+// TestMergedLateness: section 10 merges the lateness histograms of all lanes
+// and counts the departures later than the make-up (5 % of an interval: 10 ms
+// at 5/s).
+func TestMergedLateness(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	a, b := m.Lane("a", 5), m.Lane("b", 5)
+	for range 60 {
+		a.Lateness.Observe(0.001)
+	}
+	for range 38 {
+		b.Lateness.Observe(0.001)
+	}
+	b.Lateness.Observe(0.05)
+	b.Lateness.Observe(0.05)
+	p99, share := mergedLateness(reg, 0.01)
+	if math.Abs(share-0.02) > 1e-9 || p99 != 60*time.Millisecond {
+		t.Errorf("mergedLateness = %v, %v; want 60ms (the bucket holding 0.05 s), 0.02", p99, share)
 	}
 }

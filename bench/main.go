@@ -3,7 +3,7 @@
 // nats.go pull consumer — side by side in one run on one machine, and writes
 // the tables to docs/BENCHMARKS.md (issue 7).
 //
-//	go run ./bench            # full run, under 5 minutes on 2 cores
+//	go run ./bench            # full run, about 10 minutes on 2 cores
 //	go run ./bench -quick     # under a minute; CI runs it (TestBenchQuick)
 //	go run ./bench -out FILE  # write the report elsewhere
 //	go run ./bench -section cpu [-cpuprofile FILE]

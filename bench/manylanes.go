@@ -41,11 +41,13 @@ type manyResult struct {
 	load       float64
 	bound1s    int
 	boundIv    int
-	worst1s    int // most departures of one lane in a 1 s window
-	worstIv    int // … in a window of one interval
-	over       int // lanes with a window above its bound
-	fewest10s  int // fewest departures of one lane in a 10 s window; −1: span too short
-	short      int // lanes whose fewest is below longRunWant − longRunTol (G1's 0.5 %)
+	worst1s    int           // most departures of one lane in a 1 s window
+	worstIv    int           // … in a window of one interval
+	over       int           // lanes with a window above its bound
+	fewest10s  int           // fewest departures of one lane in a 10 s window; −1: span too short
+	short      int           // lanes whose fewest is below longRunWant − longRunTol (G1's 0.5 %)
+	lateP99    time.Duration // the lanes' departure lateness (all lanes' histograms merged)
+	lateOver   float64       // share of departures later than (1 − min_spacing) of an interval
 	minRate    float64
 	maxRate    float64
 	err        error
@@ -116,7 +118,54 @@ func runManyLanes(ctx context.Context, env *natsEnv, lanes int, rate float64, sp
 		}
 	}
 	measureMany(ctx, &r, ls, sinks)
+	r.lateP99, r.lateOver = mergedLateness(reg, (1-shaper.DefaultMinSpacing)*shaper.Limit(rate).Interval().Seconds())
 	return r
+}
+
+// mergedLateness merges every lane's shaper_departure_lateness_seconds of
+// reg and returns its p99 (the upper bound of the bucket where the
+// cumulative count passes 99 %) and the share of departures later than
+// over seconds (counted from the first bucket bound at or above over): the
+// make-up a lane has per departure, beyond which lateness costs rate.
+func mergedLateness(reg *prometheus.Registry, over float64) (p99 time.Duration, share float64) {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0, 0
+	}
+	var bounds []float64
+	var counts []uint64
+	var total uint64
+	for _, mf := range mfs {
+		if mf.GetName() != metrics.LatenessName {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			h := m.GetHistogram()
+			total += h.GetSampleCount()
+			for i, b := range h.GetBucket() {
+				if len(bounds) <= i {
+					bounds, counts = append(bounds, b.GetUpperBound()), append(counts, 0)
+				}
+				counts[i] += b.GetCumulativeCount()
+			}
+		}
+	}
+	if total == 0 {
+		return 0, 0
+	}
+	p99 = -1
+	for i, c := range counts {
+		if p99 < 0 && float64(c) >= 0.99*float64(total) {
+			p99 = time.Duration(bounds[i] * float64(time.Second))
+		}
+		if share == 0 && bounds[i] >= over-1e-12 {
+			share = 1 - float64(c)/float64(total)
+		}
+	}
+	if p99 < 0 { // beyond the last bucket
+		p99 = time.Duration(bounds[len(bounds)-1] * float64(time.Second))
+	}
+	return p99, share
 }
 
 // manyStream is the stream of section 10, subjects lanes.<lane>.jobs.
@@ -260,10 +309,13 @@ func (r *Results) manyMarkdown() string {
 	w("departure: the most departures of one lane in any closed window of 1 s and of one interval, against\n")
 	w("`floor(W × rate) + 1` (a count above it is a failed measurement), and G1's long-run rate: the fewest\n")
 	w("departures of one lane in any 10 s window (full runs; a lane short of `limit × 10 s` by more than 0.5 %%,\n")
-	w("at least 1, is counted, as in section 8). CPU is the whole process's (getrusage) over the span.\n\n")
+	w("at least 1, is counted, as in section 8). *Lateness* merges the lanes' `shaper_departure_lateness_seconds`:\n")
+	w("a departure later than (1 − min_spacing) of an interval is more than the pacer makes up, and costs rate.\n")
+	w("CPU is the whole process's (getrusage) over the span.\n\n")
 	want, tol := longRunWant(p.manyRate)
 	t := table{head: []string{"source", "lanes", "rate /s each", "span", "departures", "lane rate min–max /s", "worst 1 s window", "bound",
 		"worst 1-interval window", "bound", "lanes over", "fewest in 10 s", fmt.Sprintf("want %d ± %d", want, tol), "lanes short",
+		"lateness p99 ms", fmt.Sprintf("late > %.0f ms", (1-shaper.DefaultMinSpacing)*shaper.Limit(p.manyRate).Interval().Seconds()*1000),
 		"CPU s", "% of one core", "CPU µs/dep", "load %"}}
 	for _, m := range r.many {
 		if m.err != nil {
@@ -274,10 +326,19 @@ func (r *Results) manyMarkdown() string {
 			fmt.Sprintf("%.2f–%.2f", m.minRate, m.maxRate), strconv.Itoa(m.worst1s), strconv.Itoa(m.bound1s),
 			strconv.Itoa(m.worstIv), strconv.Itoa(m.boundIv), strconv.Itoa(m.over),
 			fewest(m.fewest10s), fmt.Sprintf("≥ %d", want-tol), strconv.Itoa(m.short),
+			fmt.Sprintf("%.1f", float64(m.lateP99)/float64(time.Millisecond)), fmtPct(100*m.lateOver)+" %",
 			fmt.Sprintf("%.2f", m.cpu.Seconds()), fmt.Sprintf("%.1f", 100*m.share()),
 			fmtUs(m.cpu/time.Duration(max(1, m.departures))), fmtLoad(m.load))
 	}
 	w("%s\n", t.String())
+	for _, m := range r.many {
+		if m.err == nil && m.source == "JetStream" && m.lateOver > 0.05 {
+			w("In the JetStream row the departures were late beyond the make-up: the embedded NATS server runs in the\n")
+			w("same process and competes with the lanes for the 2 cores (a CPU profile of this section, `-section lanes\n")
+			w("-cpuprofile FILE`, showed most of the process's time in the server writing each consumer's state file);\n")
+			w("the in-memory row is the lanes alone.\n\n")
+		}
+	}
 	return b.String()
 }
 
