@@ -79,26 +79,27 @@ func planFor(quick bool) plan {
 
 // Results holds everything one run measured.
 type Results struct {
-	opts           Options
-	plan           plan
-	started        time.Time
-	took           time.Duration
-	env            [][2]string
-	kinds          []pacerKind
-	prec           map[float64][]precision // by rate, in the order of kinds
-	judged         map[float64][]judgement // by judge limit, in the order of kinds
-	thr            []thrRow
-	fixed          []endToEnd
-	mem            []memoryRow
-	cpu            []cpuCell    // section 7
-	hog            string       // the command of section 7's CPU hog
-	longrun        []longRunRow // section 8 (full runs only)
-	longNotes      []string     // section 8's misses: reported, not failures
-	issue15Results              // sections 6, 9 and 10 (issue15.go)
-	problems       []string
-	retries        int
-	quietWait      time.Duration // spent waiting for a quiet machine
-	load           float64       // other processes' share of the machine over the run
+	opts      Options
+	plan      plan
+	started   time.Time
+	took      time.Duration
+	env       [][2]string
+	kinds     []pacerKind
+	prec      map[float64][]precision // by rate, in the order of kinds
+	judged    map[float64][]judgement // by judge limit, in the order of kinds
+	thr       []thrRow
+	fixed     []endToEnd
+	mem       []memoryRow
+	cpu       []cpuCell    // section 7
+	hog       string       // the command of section 7's CPU hog
+	longrun   []longRunRow // section 8 (full runs only)
+	longNotes []string     // section 8's misses: reported, not failures
+	problems  []string
+	retries   int
+	quietWait time.Duration // spent waiting for a quiet machine
+	load      float64       // other processes' share of the machine over the run
+
+	issue15Results // sections 6, 9 and 10 (issue15.go)
 }
 
 // thrRow aggregates the repetitions of one throughput contender.
