@@ -3,13 +3,15 @@
 // nats.go pull consumer — side by side in one run on one machine, and writes
 // the tables to docs/BENCHMARKS.md (issue 7).
 //
-//	go run ./bench            # full run, under 5 minutes on 2 cores
+//	go run ./bench            # full run, about 10 minutes on 2 cores
 //	go run ./bench -quick     # under a minute; CI runs it (TestBenchQuick)
 //	go run ./bench -out FILE  # write the report elsewhere
 //	go run ./bench -section cpu [-cpuprofile FILE]
 //	                          # section 7 alone, on stdout only (and a CPU profile)
 //	go run ./bench -section http [-quick] [-cpuprofile FILE]
 //	                          # section 11 alone (the HTTP sink at 5,000/s)
+//	go run ./bench -section idle|lanes|redis [-quick]
+//	                          # section 9, 10 or 6 alone, on stdout only
 //
 // It prints the same Markdown on stdout and its progress on stderr.
 package main
@@ -37,7 +39,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	quick := fs.Bool("quick", false, "short run (under 60 s) for CI: fewer departures and messages")
 	out := fs.String("out", "", "where to write the report (default docs/BENCHMARKS.md of the module)")
-	section := fs.String("section", "", "run one section alone and print it without writing the report: cpu (section 7), http (section 11)")
+	section := fs.String("section", "", "run one section alone and print it without writing the report: cpu (section 7), http (11), redis (6), idle (9), lanes (10)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -46,8 +48,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	if *section != "" && *section != "cpu" && *section != "http" {
-		fmt.Fprintf(stderr, "bench: unknown section %q (cpu, http)\n", *section)
+	if *section != "" && *section != "cpu" && *section != "http" && !issue15Section(*section) {
+		fmt.Fprintf(stderr, "bench: unknown section %q (cpu, http, idle, lanes, redis)\n", *section)
 		return 2
 	}
 	if *cpuprofile != "" {
@@ -62,6 +64,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if issue15Section(*section) {
+		return runSection(*section, *quick, stdout, stderr) // issue15.go
 	}
 	if *section != "" {
 		res, err := Run(Options{Quick: *quick, OnlyCPU: *section == "cpu", OnlyHTTP: *section == "http", Progress: stderr})

@@ -209,8 +209,7 @@ func (r *Results) Markdown() string {
 	w("%s\n", mt.String())
 
 	// 6.
-	w("## 6. Redis global pacing\n\n")
-	w("Not yet implemented (issue 5): no round trips per message or script ops/s to report.\n\n")
+	w("%s", r.redisMarkdown()) // redis.go
 
 	// 7.
 	w("%s", r.cpuMarkdown())
@@ -235,6 +234,9 @@ func (r *Results) Markdown() string {
 		}
 	}
 
+	// 9, 10.
+	w("%s", r.idleMarkdown()) // idle.go
+	w("%s", r.manyMarkdown()) // manylanes.go
 	// 11.
 	w("%s", r.httpMarkdown())
 
@@ -336,6 +338,7 @@ func (r *Results) headlines() []string {
 	for _, m := range r.mem {
 		hs = append(hs, fmt.Sprintf("Memory, %s: %.0f heap bytes per queued %d-byte message.", m.name, m.perMsg, payloadSize))
 	}
+	hs = append(hs, r.issue15Headlines()...) // sections 6, 9, 10
 	hs = append(hs, r.httpHeadlines()...)
 	return hs
 }

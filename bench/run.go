@@ -23,6 +23,9 @@ type Options struct {
 	OnlyCPU bool
 	// OnlyHTTP runs section 11 alone (-section http).
 	OnlyHTTP bool
+	// Only runs one section of issue 15 alone: idle, lanes or redis
+	// (-section; issue15.go).
+	Only string
 }
 
 // busyLimit is the share of the machine used by other processes above which
@@ -47,6 +50,7 @@ type plan struct {
 	memJSMsgs   int           // bucket of section 5, messages fetched from JetStream
 	cpuCell     time.Duration // one loop of section 7 at one rate
 	httpCell    time.Duration // one sender of section 11
+	issue15                   // sections 6, 9 and 10 (issue15.go)
 }
 
 func planFor(quick bool) plan {
@@ -63,6 +67,7 @@ func planFor(quick bool) plan {
 		memJSMsgs:   100_000,
 		cpuCell:     4 * time.Second,
 		httpCell:    10 * time.Second,
+		issue15:     issue15Plan(quick),
 	}
 	if quick {
 		p.cell = 200 * time.Millisecond
@@ -99,6 +104,8 @@ type Results struct {
 	retries   int
 	quietWait time.Duration // spent waiting for a quiet machine
 	load      float64       // other processes' share of the machine over the run
+
+	issue15Results // sections 6, 9 and 10 (issue15.go)
 }
 
 // thrRow aggregates the repetitions of one throughput contender.
@@ -179,6 +186,12 @@ func Run(opts Options) (*Results, error) {
 		return s
 	}
 
+	if opts.Only != "" {
+		err := res.runOnly(logf)
+		res.took = time.Since(res.started)
+		res.load = whole.other()
+		return res, err
+	}
 	if opts.OnlyCPU || opts.OnlyHTTP {
 		if opts.OnlyCPU {
 			res.runCPU(quiet, logf)
@@ -331,6 +344,9 @@ func Run(opts Options) (*Results, error) {
 		}
 		logf("memory %-50s %.0f bytes/message", m.name, m.perMsg)
 	}
+
+	// 6, 9 and 10 (issue 15): Redis global pacing, an idle daemon, many lanes.
+	res.runIssue15(ctx, env, quiet, logf)
 
 	// 8. Long-run rate beside a CPU hog (full runs only: 10 s windows).
 	if !opts.Quick {
