@@ -8,6 +8,9 @@
 //	go run ./bench -out FILE  # write the report elsewhere
 //	go run ./bench -section cpu [-cpuprofile FILE]
 //	                          # section 7 alone, on stdout only (and a CPU profile)
+//	go run ./bench -section memory [-memprofile FILE]
+//	                          # section 5 alone, on stdout only (and a heap profile
+//	                          # taken while the JetStream-fed bucket is full)
 //
 // It prints the same Markdown on stdout and its progress on stderr.
 package main
@@ -32,8 +35,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	quick := fs.Bool("quick", false, "short run (under 60 s) for CI: fewer departures and messages")
 	out := fs.String("out", "", "where to write the report (default docs/BENCHMARKS.md of the module)")
-	section := fs.String("section", "", "run one section alone and print it without writing the report: cpu (section 7)")
+	section := fs.String("section", "", "run one section alone and print it without writing the report: cpu (section 7), memory (section 5)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
+	largeChildArg := fs.String("large-child", "", "internal: run one large-payload cell of section 5 (JSON) and print its result")
+	memprofile := fs.String("memprofile", "", "with -section memory: write a heap profile (every allocation sampled) taken while the JetStream-fed bucket is full")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -41,9 +46,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	if *section != "" && *section != "cpu" {
-		fmt.Fprintf(stderr, "bench: unknown section %q (cpu)\n", *section)
+	if *largeChildArg != "" {
+		return largeChild(*largeChildArg, stdout)
+	}
+	if *section != "" && *section != "cpu" && *section != "memory" {
+		fmt.Fprintf(stderr, "bench: unknown section %q (cpu, memory)\n", *section)
 		return 2
+	}
+	if *memprofile != "" && *section != "memory" {
+		fmt.Fprintln(stderr, "bench: -memprofile needs -section memory")
+		return 2
+	}
+	if *section == "memory" {
+		return runMemoryOnly(*quick, *memprofile, stdout, stderr)
 	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)

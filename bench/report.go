@@ -198,15 +198,7 @@ func (r *Results) Markdown() string {
 	}
 
 	// 5.
-	w("## 5. Memory of a full bucket\n\n")
-	w("`runtime.MemStats.HeapAlloc` after two GCs, before and after filling a `shaper.NewBucket(n)` with `n`\n")
-	w("messages of %d-byte payloads (a header map of one entry, `Nats-Msg-Id`), per message; the bucket's own ring\n", payloadSize)
-	w("of pointers (8 bytes per slot) is included.\n\n")
-	mt := table{head: []string{"messages held", "n", "heap bytes/msg", "of which payload", "total MiB"}}
-	for _, m := range r.mem {
-		mt.add(m.name, fmtInt(float64(m.n)), fmt.Sprintf("%.0f", m.perMsg), strconv.Itoa(payloadSize), fmt.Sprintf("%.1f", float64(m.total)/(1<<20)))
-	}
-	w("%s\n", mt.String())
+	w("%s", r.memoryMarkdown())
 
 	// 6.
 	w("## 6. Redis global pacing\n\n")
@@ -330,9 +322,7 @@ func (r *Results) headlines() []string {
 		hs = append(hs, fmt.Sprintf("At %s/s, CPU and allocations per message (process total, nats-server included): shaper's lane %s µs / %.0f (%s Fetch calls, each a pull request, for %d messages); %s.",
 			fmtInt(p.fixedRate), fmtUs(f.cpuPerMsg), f.allocs, strconv.FormatInt(f.fetches, 10), f.n, strings.Join(alt, "; ")))
 	}
-	for _, m := range r.mem {
-		hs = append(hs, fmt.Sprintf("Memory, %s: %.0f heap bytes per queued %d-byte message.", m.name, m.perMsg, payloadSize))
-	}
+	hs = append(hs, r.memoryHeadlines()...)
 	return hs
 }
 
