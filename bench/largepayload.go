@@ -47,6 +47,7 @@ type largeRow struct {
 	GCs            uint32 // collections during the lane's run
 	ServerHWM      uint64 // the nats-server child process's VmHWM over its life
 	Slow           int64  // nats.ErrSlowConsumer reports on the lane's connection
+	Disconnects    int64  // disconnections of the lane's connection (a server-side slow consumer closes it)
 	Err            string
 }
 
@@ -55,20 +56,24 @@ func (r largeRow) bound() uint64 { return uint64(r.Capacity)*largeSize + largeSl
 
 // holds reports whether the cell met the bound and lost nothing.
 func (r largeRow) holds() bool {
-	return r.Err == "" && r.PeakRSS > 0 && r.PeakRSS <= r.bound() && r.Slow == 0 && r.Delivered == r.Msgs
+	return r.Err == "" && r.PeakRSS > 0 && r.PeakRSS <= r.bound() && r.Slow == 0 && r.Disconnects == 0 && r.Delivered == r.Msgs
 }
 
 // largeCells are the cells of a run: capacity 20 (1 s of the rate) with
-// Go's default GC; capacity 100 (5 s) with the default GC, whose headroom
-// (GOGC=100: the heap may grow by the live heap before a collection) alone
-// is about capacity × message size; and capacity 100 with GOMEMLIMIT set to
-// the bound, which makes the GC collect before the heap passes it.
-func largeCells(msgs int) []largeRow {
-	return []largeRow{
-		{Msgs: msgs, Capacity: 20},
-		{Msgs: msgs, Capacity: 100},
-		{Msgs: msgs, Capacity: 100, MemLimit: strconv.FormatUint((100*largeSize+largeSlack)>>20, 10) + "MiB"},
+// Go's default GC; capacity 300 (15 s, 150 MiB of payloads: more than one
+// pull may bring, FetchBytes) with the default GC, whose headroom (GOGC=100:
+// the heap may grow by the live heap before a collection) is itself about
+// capacity × message size; and capacity 300 with GOMEMLIMIT set to the
+// bound less 16 MiB (what the process holds outside Go's heap: its binary,
+// at start ~19 MiB of RSS in all), which makes the GC collect before the
+// heap passes it. -quick runs the first cell with fewer messages.
+func largeCells(msgs int, quick bool) []largeRow {
+	cells := []largeRow{{Msgs: msgs, Capacity: 20}}
+	if quick {
+		return cells
 	}
+	limit := strconv.FormatUint((300*largeSize+largeSlack-16<<20)>>20, 10) + "MiB"
+	return append(cells, largeRow{Msgs: msgs, Capacity: 300}, largeRow{Msgs: msgs, Capacity: 300, MemLimit: limit})
 }
 
 // runLargeCell runs cell c in a child process of this benchmark binary
@@ -129,12 +134,12 @@ func largeChild(arg string, stdout io.Writer) int {
 // at largeRate over them with a no-op sink, sampling the process's RSS.
 func runLarge(ctx context.Context, dir string, c largeRow) largeRow {
 	r, msgs := c, c.Msgs
-	var slow atomic.Int64
+	var slow, disc atomic.Int64
 	env, err := startNATSProcess(dir, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		if errors.Is(err, nats.ErrSlowConsumer) {
 			slow.Add(1)
 		}
-	}))
+	}), nats.DisconnectErrHandler(func(*nats.Conn, error) { disc.Add(1) }))
 	if err != nil {
 		r.Err = err.Error()
 		return r
@@ -163,6 +168,7 @@ func runLarge(ctx context.Context, dir string, c largeRow) largeRow {
 	resetHWM := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
 	r.BaseRSS = procStatus(0, "VmRSS")
 	slow.Store(0)
+	disc.Store(0)
 	var ms0 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 
@@ -197,6 +203,11 @@ func runLarge(ctx context.Context, dir string, c largeRow) largeRow {
 	r.Delivered = res.n
 	if res.err != nil {
 		r.Err, r.Delivered = res.err.Error(), 0
+		if c, err := env.js.Consumer(ctx, st.name, cfg.Source.Consumer); err == nil {
+			i := c.CachedInfo()
+			r.Err += fmt.Sprintf(" (consumer: %d ack pending, %d redelivered, %d waiting, delivered %d, ack floor %d)",
+				i.NumAckPending, i.NumRedelivered, i.NumWaiting, i.Delivered.Stream, i.AckFloor.Stream)
+		}
 	}
 	r.PeakRSS, r.PeakHeap = sampled, heap
 	if resetHWM {
@@ -204,6 +215,7 @@ func runLarge(ctx context.Context, dir string, c largeRow) largeRow {
 	}
 	r.ServerHWM = procStatus(env.pid(), "VmHWM")
 	r.Slow = slow.Load()
+	r.Disconnects = disc.Load()
 	return r
 }
 

@@ -471,12 +471,13 @@ cannot keep up at all; uber ratelimit with its default slack keeps the average o
    from every sink (for the nats sink: after the publish is written), or start Send on the departure
    loop's own goroutine when the sink is non-blocking.
 
-7. *Memory* (section 5): a queued 256-byte message costs about 3.5× its payload in shaper's own structures
-   (the shaper.Message struct, the header map — a Go map of one entry is a ~350-byte group — its strings,
-   the payload) and about 5× with the nats.go message the Acker keeps (reply subject, nats.Msg, the
-   buffer holding headers and payload). A bucket of 100,000 such messages needs ~120–130 MiB of heap.
-   *Fix if it matters:* keep the header bytes unparsed until the sink needs them, and keep only the ack
-   reply subject instead of the whole jetstream.Msg.
+7. *Memory* (section 5, issue 15): a queued message is its payload, one allocation of the shaper.Message
+   with its ack state (352 bytes), its headers packed into one string until it departs, and the bucket's
+   entry; nats.go's message, header map and ack subject string are no longer kept (before: 1,343 bytes per
+   256-byte message). With the embedded server its own per-pending state and block cache count too. Large
+   payloads: one pull brings at most 16 MiB (sources.FetchBytes), so no pull outgrows the client's or the
+   server's buffers; past ~64 MiB of payloads Go's default GC headroom (the live heap again) passes the RSS
+   bound unless GOMEMLIMIT is set. Profiles and the breakdown: docs/performance-memory.md.
 
 **Caveats.** Timestamps in sections 1–2 are taken in-process, in the pacing goroutine, at departure: they
 judge the pacer, not the wire (the demo's rigid server judges kernel receive timestamps). CPU is the whole

@@ -295,7 +295,8 @@ func (s *JetStream) fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 		}
 		c = s.cons.Load()
 	}
-	batch, err := (*c).Fetch(max, s.fetchOpts(jetstream.FetchMaxWait(FetchExpiry))...)
+	batch, err := (*c).Fetch(max, s.fetchOpts(jetstream.FetchMaxWait(FetchExpiry),
+		jetstream.FetchMaxBytes(pullMaxBytes(s.js.Conn().MaxPayload())))...) // fetchbytes.go
 	if err != nil {
 		return s.fail(ctx, err)
 	}
