@@ -85,8 +85,8 @@ func TestJSMessageCompact(t *testing.T) {
 				if r := jm.reply(); r != msg.Reply() {
 					t.Errorf("rebuilt ack subject %q, want %q", r, msg.Reply())
 				}
-				if jm.whole != tc.whole {
-					t.Errorf("ack subject kept whole: %v, want %v (%q)", jm.whole, tc.whole, msg.Reply())
+				if jm.route.whole != tc.whole {
+					t.Errorf("ack subject kept whole: %v, want %v (%q)", jm.route.whole, tc.whole, msg.Reply())
 				}
 				if !slices.Equal(m.Data, msg.Data()) || len(m.Data) != len(payload) && len(m.Data) != len(large) {
 					t.Errorf("payload of %d bytes", len(m.Data))
@@ -111,8 +111,9 @@ func TestJSMessageCompact(t *testing.T) {
 			if len(got) != 5 {
 				t.Fatalf("fetched %d, want 5", len(got))
 			}
-			if !sameString(got[0].Stream, got[3].Stream) || !sameString(got[0].Subject, got[3].Subject) {
-				t.Error("stream or subject strings not shared along the fetch")
+			if !sameString(got[0].Stream, got[3].Stream) || !sameString(got[0].Subject, got[3].Subject) ||
+				got[0].Acker.(*jsMessage).route != got[3].Acker.(*jsMessage).route {
+				t.Error("stream, subject or ack route not shared along the fetch")
 			}
 			for _, m := range got {
 				if err := m.Acker.InProgress(); err != nil {
@@ -172,6 +173,73 @@ func TestAckPrefix(t *testing.T) {
 		}
 		if ok && p+string(appendTail(nil, n)) != tc.reply {
 			t.Errorf("%q not rebuilt", tc.reply)
+		}
+	}
+}
+
+// TestAckState: the consumer sequence and pending count pack into one word
+// with the ack flag and come back; numbers that do not fit are refused (the
+// message then keeps its whole ack subject), and the message with its ack
+// state stays one 320-byte allocation (a Go size class: 16 bytes more would
+// cost 32).
+func TestAckState(t *testing.T) {
+	for _, tc := range []struct {
+		cseq, pending uint64
+		ok            bool
+	}{
+		{1, 0, true}, {12345, 99, true}, {1<<40 - 1, 1<<23 - 1, true},
+		{1 << 40, 0, false}, {1, 1 << 23, false},
+	} {
+		st, ok := ackState(tc.cseq, tc.pending)
+		if ok != tc.ok {
+			t.Errorf("ackState(%d, %d) fits: %v, want %v", tc.cseq, tc.pending, ok, tc.ok)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		if st&ackDone != 0 {
+			t.Errorf("ackState(%d, %d) has the done flag", tc.cseq, tc.pending)
+		}
+		for _, w := range []uint64{st, st | ackDone} {
+			if c, p := ackNumbersOf(w); c != tc.cseq || p != tc.pending {
+				t.Errorf("ackNumbersOf(ackState(%d, %d)) = %d, %d", tc.cseq, tc.pending, c, p)
+			}
+		}
+	}
+	if n := unsafe.Sizeof(jsMessage{}); n != 320 {
+		t.Errorf("jsMessage is %d bytes, want 320 (one allocation in the 320-byte size class)", n)
+	}
+}
+
+// TestRouteFor: messages whose ack subjects share a prefix share one route;
+// a subject that is not prefix + numbers, or numbers too large for the state
+// word, get a route of their own with the whole subject.
+func TestRouteFor(t *testing.T) {
+	var sh shared
+	num := func(cseq, pending uint64) ackNumbers { return ackNumbers{1, 7, cseq, 1764600000000000000, pending} }
+	subj := func(cseq, pending uint64) string {
+		return "$JS.ACK.S.c" + string(appendTail(nil, num(cseq, pending)))
+	}
+	r1, st1 := sh.routeFor(nil, subj(5, 3), 5, 3, num(5, 3))
+	r2, _ := sh.routeFor(nil, subj(6, 2), 6, 2, num(6, 2))
+	if r1.whole || r1 != r2 || r1.subject != "$JS.ACK.S.c" {
+		t.Errorf("routes %+v and %+v, want one shared prefix route", r1, r2)
+	}
+	if c, p := ackNumbersOf(st1); c != 5 || p != 3 {
+		t.Errorf("state holds %d, %d; want 5, 3", c, p)
+	}
+	for _, tc := range []struct {
+		reply         string
+		cseq, pending uint64
+	}{
+		{subj(5, 3) + ".rnd", 5, 3},  // another form
+		{subj(1<<40, 3), 1 << 40, 3}, // the sequence does not fit
+		{subj(5, 1<<23), 5, 1 << 23}, // the pending count does not fit
+	} {
+		r, st := sh.routeFor(nil, tc.reply, tc.cseq, tc.pending, num(tc.cseq, tc.pending))
+		if !r.whole || r.subject != tc.reply || r == r1 || st != 0 {
+			t.Errorf("%q: route %+v, state %d; want its whole subject", tc.reply, r, st)
 		}
 	}
 }
