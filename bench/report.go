@@ -472,7 +472,7 @@ cannot keep up at all; uber ratelimit with its default slack keeps the average o
    loop's own goroutine when the sink is non-blocking.
 
 7. *Memory* (section 5, issue 15): a queued message is its payload, one allocation of the shaper.Message
-   with its ack state (352 bytes), its headers packed into one string until it departs, and the bucket's
+   with its ack state (320 bytes), its headers packed into one string until it departs, and the bucket's
    entry; nats.go's message, header map and ack subject string are no longer kept (before: 1,343 bytes per
    256-byte message). With the embedded server its own per-pending state and block cache count too. Large
    payloads: one pull brings at most 16 MiB (sources.FetchBytes), so no pull outgrows the client's or the
