@@ -123,6 +123,7 @@ func largeChild(arg string, stdout io.Writer) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	r := runLarge(ctx, dir, c)
+	removeNATSBinary()
 	b, _ := json.Marshal(r)
 	fmt.Fprintln(stdout, string(b))
 	return 0

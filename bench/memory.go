@@ -137,6 +137,7 @@ func (res *Results) runMemory(ctx context.Context, env *natsEnv, profile string,
 		return err
 	}
 	defer os.RemoveAll(dir)
+	defer removeNATSBinary()
 	proc, err := startNATSProcess(dir)
 	if err != nil {
 		return fmt.Errorf("nats-server process: %w", err)

@@ -3,8 +3,10 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -73,9 +75,24 @@ type natsProcEnv struct {
 	proc *testserver.NATSProcess
 }
 
+// builtNATS is set once startNATSProcess had testserver build the
+// nats-server binary in this process (removeNATSBinary).
+var builtNATS atomic.Bool
+
+// removeNATSBinary removes the directory of the nats-server binary that
+// testserver built for this process (a fresh temporary one per process,
+// ~23 MB), once no server of this process runs any more.
+func removeNATSBinary() {
+	if !builtNATS.Load() {
+		return
+	}
+	_ = tbRun(func() { _ = os.RemoveAll(filepath.Dir(testserver.NATSServerBinary(&benchTB{}))) })
+}
+
 // startNATSProcess starts a nats-server child process with JetStream under
 // dir and connects to it with opts.
 func startNATSProcess(dir string, opts ...nats.Option) (*natsProcEnv, error) {
+	builtNATS.Store(true)
 	e := &natsProcEnv{tb: &benchTB{dir: dir}}
 	if err := tbRun(func() { e.proc = testserver.StartNATSProcess(e.tb) }); err != nil {
 		e.tb.close()
