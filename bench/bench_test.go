@@ -12,11 +12,15 @@ import (
 	"go.uber.org/goleak"
 )
 
-// TestMain also serves as section 11's downstream process: the harness
-// re-executes its own binary, which under `go test` is this one.
+// TestMain also serves as section 11's downstream process and as section
+// 5's large-payload cells: the harness re-executes its own binary, which
+// under `go test` is this one.
 func TestMain(m *testing.M) {
 	if os.Getenv(envHTTPDownstream) == "1" {
 		os.Exit(serveHTTPDownstream(os.Stdin, os.Stdout))
+	}
+	if len(os.Args) == 3 && os.Args[1] == "-large-child" {
+		os.Exit(largeChild(os.Args[2], os.Stdout))
 	}
 	goleak.VerifyTestMain(m)
 }
@@ -46,7 +50,7 @@ func TestBenchQuick(t *testing.T) {
 		"# Benchmarks", "go run ./bench -quick", "## Headlines",
 		"## 1. Pacing precision", "### 100/s", "### 1,000/s", "### 10,000/s", "### 50,000/s",
 		"## 2. Strict judge", "## 3. Throughput ceiling", "## 4. Overhead at 1,000/s",
-		"## 5. Memory of a full bucket", "## 6. Redis global pacing",
+		"## 5. Memory of a full bucket", "### Large payloads", " 40 of 40 ", "## 6. Redis global pacing",
 		"## 9. An idle daemon", "| % of one core |", "## 10. Many lanes in one process", "| JetStream ", "| in-memory ",
 		"| shaper ", "| x/time/rate ", "| uber ratelimit ", "| uber WithoutSlack ", "| time.Ticker ",
 		"| shaper lane, 1e6/s, no-op sink ", "| nats.go Consume + Ack (ceiling) ",

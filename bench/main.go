@@ -12,6 +12,9 @@
 //	                          # section 11 alone (the HTTP sink at 5,000/s)
 //	go run ./bench -section idle|lanes|redis [-quick]
 //	                          # section 9, 10 or 6 alone, on stdout only
+//	go run ./bench -section memory [-memprofile FILE]
+//	                          # section 5 alone, on stdout only (and a heap profile
+//	                          # taken while the JetStream-fed bucket is full)
 //
 // It prints the same Markdown on stdout and its progress on stderr.
 package main
@@ -39,8 +42,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	quick := fs.Bool("quick", false, "short run (under 60 s) for CI: fewer departures and messages")
 	out := fs.String("out", "", "where to write the report (default docs/BENCHMARKS.md of the module)")
-	section := fs.String("section", "", "run one section alone and print it without writing the report: cpu (section 7), http (11), redis (6), idle (9), lanes (10)")
+	section := fs.String("section", "", "run one section alone and print it without writing the report: cpu (section 7), memory (5), http (11), redis (6), idle (9), lanes (10)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
+	largeChildArg := fs.String("large-child", "", "internal: run one large-payload cell of section 5 (JSON) and print its result")
+	memprofile := fs.String("memprofile", "", "with -section memory: write a heap profile (every allocation sampled) taken while the JetStream-fed bucket is full")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -48,9 +53,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	if *section != "" && *section != "cpu" && *section != "http" && !issue15Section(*section) {
-		fmt.Fprintf(stderr, "bench: unknown section %q (cpu, http, idle, lanes, redis)\n", *section)
+	if *largeChildArg != "" {
+		return largeChild(*largeChildArg, stdout)
+	}
+	if *section != "" && *section != "cpu" && *section != "http" && *section != "memory" && !issue15Section(*section) {
+		fmt.Fprintf(stderr, "bench: unknown section %q (cpu, memory, http, idle, lanes, redis)\n", *section)
 		return 2
+	}
+	if *memprofile != "" && *section != "memory" {
+		fmt.Fprintln(stderr, "bench: -memprofile needs -section memory")
+		return 2
+	}
+	if *section == "memory" {
+		return runMemoryOnly(*quick, *memprofile, stdout, stderr)
 	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)

@@ -48,6 +48,7 @@ type plan struct {
 	fixedMsgs   int           // messages of the fixed-rate stream (section 4)
 	memMsgs     int           // bucket of section 5, synthetic messages
 	memJSMsgs   int           // bucket of section 5, messages fetched from JetStream
+	largeMsgs   int           // section 5's large-payload cell, messages of 512 KiB
 	cpuCell     time.Duration // one loop of section 7 at one rate
 	httpCell    time.Duration // one sender of section 11
 	issue15                   // sections 6, 9 and 10 (issue15.go)
@@ -65,6 +66,7 @@ func planFor(quick bool) plan {
 		fixedMsgs:   5000,
 		memMsgs:     100_000,
 		memJSMsgs:   100_000,
+		largeMsgs:   400, // 200 MiB, 20 s at 20/s
 		cpuCell:     4 * time.Second,
 		httpCell:    10 * time.Second,
 		issue15:     issue15Plan(quick),
@@ -76,6 +78,7 @@ func planFor(quick bool) plan {
 		p.thrReps = 1
 		p.fixedMsgs = 1100
 		p.memJSMsgs = 10_000
+		p.largeMsgs = 40
 		p.cpuCell = 300 * time.Millisecond
 		p.httpCell = time.Second
 	}
@@ -95,6 +98,7 @@ type Results struct {
 	thr       []thrRow
 	fixed     []endToEnd
 	mem       []memoryRow
+	large     []largeRow   // section 5's large-payload cells
 	cpu       []cpuCell    // section 7
 	hog       string       // the command of section 7's CPU hog
 	longrun   []longRunRow // section 8 (full runs only)
@@ -331,18 +335,9 @@ func Run(opts Options) (*Results, error) {
 
 	logf("section 4 done at %s", time.Since(res.started).Round(time.Millisecond))
 
-	// 5. Memory of a full bucket.
-	res.mem = append(res.mem, memorySynthetic(p.memMsgs))
-	mem := newStream("MEM", "mem")
-	if err := env.fill(ctx, mem, p.memJSMsgs); err != nil {
-		return nil, fmt.Errorf("fill stream: %w", err)
-	}
-	res.mem = append(res.mem, env.memoryJetStream(ctx, mem))
-	for _, m := range res.mem {
-		if m.err != nil {
-			res.problems = append(res.problems, fmt.Sprintf("memory %s: %v", m.name, m.err))
-		}
-		logf("memory %-50s %.0f bytes/message", m.name, m.perMsg)
+	// 5. Memory of a full bucket (bench/memory.go).
+	if err := res.runMemory(ctx, env, "", logf); err != nil {
+		return nil, err
 	}
 
 	// 6, 9 and 10 (issue 15): Redis global pacing, an idle daemon, many lanes.

@@ -39,8 +39,8 @@ const notAttempted = -1
 // the same id would be acknowledged as a duplicate and stored nowhere.
 func deadLetterID(lane string, m *shaper.Message) string {
 	id := lane + "/" + m.Key()
-	if v := m.Header[shaper.ReplayOfHeader]; len(v) > 0 {
-		id += "/replay-" + v[0]
+	if v, ok := m.HeaderValue(shaper.ReplayOfHeader); ok {
+		id += "/replay-" + v
 	}
 	return id
 }
@@ -55,8 +55,9 @@ func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status 
 		l.nak(m, backoff(l.conf().Task.Retry.Backoff, m.NumDelivered), shaper.OutcomeError)
 		return false
 	}
-	h := make(map[string][]string, len(m.Header)+7)
-	for k, v := range m.Header {
+	orig := m.HeaderMap() // packed until departure (shaper.Message.PackHeader)
+	h := make(map[string][]string, len(orig)+7)
+	for k, v := range orig {
 		h[k] = v
 	}
 	h[HeaderReason] = []string{reason}

@@ -24,6 +24,8 @@ func (l *Lane) runTask(m *shaper.Message) {
 		l.slots.release()
 		l.tasks.Done()
 	}()
+	// Sinks read m.Header: unpack what the source packed (the task owns m).
+	m.UnpackHeader()
 	if l.skipDelivered(m) { // sink.dedup_window (dedup.go)
 		return
 	}

@@ -26,7 +26,7 @@ func (l *Lane) holdNotDue(m *shaper.Message, reserved bool) bool {
 	if m.Invalid != "" {
 		return false
 	}
-	t, err := shaper.TimingOf(m.Header)
+	t, err := shaper.TimingOfMessage(m) // the headers may be packed until departure
 	if err != nil {
 		m.Invalid = err.Error()
 		return false

@@ -38,7 +38,25 @@ var FairClasses = []string{FairClassTop, FairClassRest}
 
 // FairClass returns the key class recorded when a fair bucket popped m
 // (FairClassTop or FairClassRest), or "" for a FIFO bucket.
-func (m *Message) FairClass() string { return m.fairClass }
+func (m *Message) FairClass() string {
+	switch m.fairClass {
+	case classTop:
+		return FairClassTop
+	case classRest:
+		return FairClassRest
+	}
+	return ""
+}
+
+// fairClass is Message.FairClass in one byte (a string field would cost 16
+// per queued message, issue 15).
+type fairClass uint8
+
+const (
+	classNone fairClass = iota
+	classTop
+	classRest
+)
 
 // ErrFairKey is wrapped by FairKeyFunc for a value of bucket.fair_key it
 // cannot use.
@@ -67,10 +85,8 @@ func FairKeyFunc(spec string) (func(*Message) string, error) {
 		}
 	}
 	return func(m *Message) string {
-		if v := m.Header[spec]; len(v) > 0 {
-			return v[0]
-		}
-		return ""
+		v, _ := m.HeaderValue(spec)
+		return v
 	}, nil
 }
 
@@ -222,9 +238,9 @@ func (f *fairQueue) pop(advance bool) *Message {
 	held := q.len()
 	m := q.items[q.head].m
 	if advance && f.classes {
-		m.fairClass = FairClassRest
+		m.fairClass = classRest
 		if held > 1 && held == f.top {
-			m.fairClass = FairClassTop
+			m.fairClass = classTop
 		}
 	}
 	q.items[q.head] = entry{}

@@ -44,7 +44,11 @@ type Acker interface {
 type Message struct {
 	// Subject is the subject the job was published to.
 	Subject string
-	// Header holds the job's headers as published.
+	// Header holds the job's headers as published. A source may keep them
+	// packed instead while the message waits (PackHeader): then Header is
+	// nil until the lane unpacks them at departure (UnpackHeader), and code
+	// that runs before reads them with HeaderValue, HeaderValues or
+	// HeaderMap. Sinks see Header set.
 	Header map[string][]string
 	// Data is the payload, passed to the sink unchanged.
 	Data []byte
@@ -55,6 +59,11 @@ type Message struct {
 	NumDelivered uint64
 	// Published is when the stream stored the message (its JetStream
 	// timestamp); zero when unknown. bucket.max_age counts from it.
+	//
+	// A source may derive the message's acknowledgements from Stream,
+	// StreamSeq, NumDelivered and Published (the JetStream source rebuilds
+	// the ack subject from them, to keep less per queued message): the lane
+	// never changes them.
 	Published time.Time
 	// Received is when the lane received the message from the server; the
 	// server's ack-wait timer started shortly before it (SPEC G7).
@@ -77,7 +86,8 @@ type Message struct {
 	// Acker carries the acknowledgement verbs; nil only in tests of pure logic.
 	Acker Acker
 
-	fairClass string // set by a fair Bucket's Pop (FairClass)
+	packed    string    // the headers while Header is nil (header.go)
+	fairClass fairClass // set by a fair Bucket's Pop (FairClass)
 }
 
 // MsgIDHeader is the JetStream de-duplication header; when present it is the
@@ -104,13 +114,13 @@ const SubjectHeader = "Shaper-Subject"
 // replayed dead letter (ReplayOfHeader set) keeps its original key from
 // KeyHeader, so the downstream can deduplicate it.
 func (m *Message) Key() string {
-	if len(m.Header[ReplayOfHeader]) > 0 {
-		if v := m.Header[KeyHeader]; len(v) > 0 && v[0] != "" {
-			return v[0]
+	if _, ok := m.HeaderValue(ReplayOfHeader); ok {
+		if v, _ := m.HeaderValue(KeyHeader); v != "" {
+			return v
 		}
 	}
-	if v := m.Header[MsgIDHeader]; len(v) > 0 && v[0] != "" {
-		return v[0]
+	if v, _ := m.HeaderValue(MsgIDHeader); v != "" {
+		return v
 	}
 	return fmt.Sprintf("%s:%d", m.Stream, m.StreamSeq)
 }

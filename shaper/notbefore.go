@@ -83,12 +83,20 @@ type Timing struct {
 // such a message with reason "invalid" (SPEC §3). A header given twice with
 // different values is an error too: which one the producer meant is unknown.
 func TimingOf(h map[string][]string) (Timing, error) {
+	return timingFrom(func(name string) []string { return headerValues(h, name) })
+}
+
+// TimingOfMessage is TimingOf of m's headers, packed or not (PackHeader):
+// the lane reads them at admission, while they may still be packed.
+func TimingOfMessage(m *Message) (Timing, error) { return timingFrom(m.HeaderValues) }
+
+func timingFrom(headerValues func(name string) []string) (Timing, error) {
 	var t Timing
 	for _, f := range []struct {
 		name string
 		to   *time.Time
 	}{{NotBeforeHeader, &t.NotBefore}, {DeadlineHeader, &t.Deadline}} {
-		vals := headerValues(h, f.name)
+		vals := headerValues(f.name)
 		if len(vals) == 0 {
 			continue
 		}

@@ -295,13 +295,16 @@ func (s *JetStream) fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 		}
 		c = s.cons.Load()
 	}
-	batch, err := (*c).Fetch(max, s.fetchOpts(jetstream.FetchMaxWait(FetchExpiry))...)
+	batch, err := (*c).Fetch(max, s.fetchOpts(jetstream.FetchMaxWait(FetchExpiry),
+		jetstream.FetchMaxBytes(pullMaxBytes(s.js.Conn().MaxPayload())))...) // fetchbytes.go
 	if err != nil {
 		return s.fail(ctx, err)
 	}
+	nc := s.js.Conn()
+	var sh shared // strings shared by the messages of this pull (jsmessage.go)
 	for msg := range batch.Messages() {
 		s.notePin(msg.Headers().Get("Nats-Pin-Id"), nil)
-		m, err := convert(msg)
+		m, err := newMessage(msg, nc, &sh, time.Now())
 		if err != nil {
 			// Not a JetStream delivery we can account for: hand it to the
 			// lane as invalid, which dead-letters it with the reason.
@@ -335,24 +338,6 @@ func (s *JetStream) fail(ctx context.Context, err error) error {
 		}
 	}
 	return err
-}
-
-func convert(msg jetstream.Msg) (*shaper.Message, error) {
-	md, err := msg.Metadata()
-	if err != nil {
-		return nil, err
-	}
-	return &shaper.Message{
-		Subject:      msg.Subject(),
-		Header:       msg.Headers(),
-		Data:         msg.Data(),
-		Stream:       md.Stream,
-		StreamSeq:    md.Sequence.Stream,
-		NumDelivered: md.NumDelivered,
-		Published:    md.Timestamp,
-		Received:     time.Now(),
-		Acker:        acker{msg},
-	}, nil
 }
 
 // acker maps the lane's verbs onto JetStream's.

@@ -56,6 +56,16 @@ func StartNATSProcess(t testing.TB) *NATSProcess {
 // URL is the server's client URL.
 func (p *NATSProcess) URL() string { return "nats://" + p.Addr }
 
+// PID is the process id of the running server, 0 when it is stopped.
+func (p *NATSProcess) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 func (p *NATSProcess) logPath(run int) string {
 	return filepath.Join(p.logDir, fmt.Sprintf("run%d.log", run))
 }

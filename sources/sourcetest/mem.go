@@ -157,10 +157,14 @@ func (s *Mem) Fetch(ctx context.Context, max int, deliver func(*shaper.Message))
 		s.mu.Unlock()
 		for _, m := range batch {
 			got++
-			deliver(&shaper.Message{
-				Subject: MemSubject, Header: m.header, Data: m.data, Stream: MemStream, StreamSeq: uint64(m.id + 1), Published: m.published,
+			msg := &shaper.Message{
+				Subject: MemSubject, Data: m.data, Stream: MemStream, StreamSeq: uint64(m.id + 1), Published: m.published,
 				NumDelivered: m.delivered, Received: time.Now(), Acker: &memAcker{m: m, seen: m.delivered},
-			})
+			}
+			// Packed, as the JetStream source delivers them (issue 15): the
+			// lane must read them through the accessors until departure.
+			msg.PackHeader(m.header)
+			deliver(msg)
 		}
 		if got >= max {
 			break

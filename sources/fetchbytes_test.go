@@ -1,0 +1,79 @@
+package sources
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shaper-dev/shaper/internal/testserver"
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// TestFetchBytes (issue 15): one pull brings at most its byte budget —
+// FetchBytes, or the server's max_payload and some framing when that is
+// larger (24 MiB here) — whatever the lane asks for, and the next pull the
+// rest; a message larger than FetchBytes that the server accepts is still
+// delivered.
+func TestFetchBytes(t *testing.T) {
+	ns := testserver.NATS(t, testserver.WithMaxPayload(24<<20))
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	src, err := NewJetStream(ctx, js, JetStreamConfig{Stream: "BYTES", Subjects: []string{"bytes.>"}, Durable: "b",
+		AckWait: time.Minute, MaxAckPending: 100}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mib := make([]byte, 1<<20)
+	for range 40 {
+		if _, err := js.Publish(ctx, "bytes.x", mib); err != nil {
+			t.Fatal(err)
+		}
+	}
+	huge := make([]byte, 20<<20)
+	if _, err := js.Publish(ctx, "bytes.x", huge); err != nil {
+		t.Fatal(err)
+	}
+	var pulls []int // messages per pull
+	var bytes []int
+	for total := 0; total < 41 && len(pulls) < 10; {
+		n, b := 0, 0
+		if err := src.Fetch(ctx, 100, func(m *shaper.Message) {
+			n++
+			b += len(m.Data)
+			if err := m.Acker.Ack(ctx); err != nil {
+				t.Error(err)
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		pulls, bytes = append(pulls, n), append(bytes, b)
+		total += n
+	}
+	t.Logf("messages per pull %v, bytes %v", pulls, bytes)
+	budget := pullMaxBytes(nc.MaxPayload())
+	if budget != 24<<20+64<<10 || pullMaxBytes(1<<20) != FetchBytes {
+		t.Errorf("budgets %d (max_payload 24 MiB) and %d (1 MiB), want 24 MiB + 64 KiB and FetchBytes", budget, pullMaxBytes(1<<20))
+	}
+	for i, b := range bytes {
+		if b > budget {
+			t.Errorf("pull %d brought %d bytes, budget %d", i, b, budget)
+		}
+	}
+	if len(pulls) < 3 {
+		t.Errorf("pulls of %v messages: want the 60 MiB over 3 or more pulls", pulls)
+	}
+	if last := bytes[len(bytes)-1]; last != len(huge) {
+		t.Errorf("last pull brought %d bytes, want the 20 MiB message alone (%d)", last, len(huge))
+	}
+}

@@ -1,0 +1,253 @@
+package sources
+
+import (
+	"bytes"
+	"context"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// What a queued message keeps (issue 15: memory per queued message).
+//
+// A lane holds up to bucket.capacity messages for as long as capacity/limit.
+// Keeping nats.go's jetstream.Msg behind each one kept alive its nats.Msg
+// (~112 bytes), its parsed header map (~450 bytes for one header: a Go map
+// is a group of 8 slots) and the wrapper (32 bytes), on top of shaper's own
+// Message: 1,343 heap bytes per queued 256-byte message in section 5 of
+// docs/BENCHMARKS.md (the heap profile is in docs/performance-memory.md).
+// A queued message now is, besides its payload, one allocation: jsMessage,
+// the shaper.Message (headers packed into one string,
+// shaper.Message.PackHeader) and the ack state. Three more things went:
+//   - nats.go's buffer holds the header block in front of the payload; when
+//     there is one and the payload is small (copyMax) it is copied out (the
+//     headers are packed anyway), so that only the payload's own bytes stay:
+//     256 instead of 320 heap bytes for a 256-byte payload with one header.
+//   - the reply (ack) subject, ~55 bytes in a 64-byte allocation, is
+//     $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>:
+//     its prefix is the same for every message of a consumer and shared, the
+//     numbers are the message's own (three are in shaper.Message anyway, two
+//     are packed into one word with the ack flag), so it is rebuilt when an
+//     ack is sent. A subject of another form (the v2 form with a random
+//     last token) or with numbers too large for that word is kept whole.
+//   - the subject and the stream name are shared by a run of messages that
+//     have the same ones.
+
+// copyMax is the largest payload copied out of nats.go's buffer: Go's
+// largest small-object size class (32 KiB). Up to it, the header block can
+// move the buffer into a larger size class; above it, objects are whole
+// 8 KiB pages, a header block costs at most one more page, and a copy would
+// double the garbage of every message (the 512 KiB cell of section 5 peaked
+// at 200 MiB RSS with copies, docs/performance-memory.md).
+const copyMax = 32 << 10
+
+// jsMessage is a shaper.Message and its Acker in one allocation of 320
+// bytes (a Go size class; 16 bytes more would take the next one, 352): the
+// Message's Acker is the jsMessage itself.
+type jsMessage struct {
+	shaper.Message
+	route *ackRoute
+	// state is the consumer sequence and the pending count of the ack
+	// subject and whether a final verb was sent, in one word (ackState).
+	state atomic.Uint64
+}
+
+// ackRoute is where a message's acks go: the connection and the ack
+// subject's prefix, shared by the messages of a fetch; or, for a subject
+// that cannot be rebuilt, that whole subject (whole).
+type ackRoute struct {
+	nc      *nats.Conn
+	subject string
+	whole   bool
+}
+
+// The bits of jsMessage.state: the consumer sequence in the top 40 (up to
+// 1.1 × 10^12: 3.5 years of deliveries at 10,000/s), the pending count in
+// the next 23 (up to 8.4 million), the done flag in the lowest. A message
+// whose numbers do not fit keeps its whole ack subject instead (64–80
+// bytes more).
+const (
+	ackPendingBits = 23
+	ackSeqBits     = 40
+	ackDone        = 1
+)
+
+// ackState packs cseq and pending, or reports false when they do not fit.
+func ackState(cseq, pending uint64) (uint64, bool) {
+	if cseq >= 1<<ackSeqBits || pending >= 1<<ackPendingBits {
+		return 0, false
+	}
+	return cseq<<(ackPendingBits+1) | pending<<1, true
+}
+
+// ackNumbersOf unpacks ackState's word.
+func ackNumbersOf(state uint64) (cseq, pending uint64) {
+	return state >> (ackPendingBits + 1), state >> 1 & (1<<ackPendingBits - 1)
+}
+
+// shared holds what one fetch shares among its messages.
+type shared struct {
+	subject, stream string
+	route           *ackRoute
+}
+
+// intern returns s, or the equal string *last when there is one, else a
+// copy of s that it keeps in *last (a copy, so that s's memory — a
+// substring of nats.go's ack subject — can go).
+func intern(last *string, s string, clone bool) string {
+	if s == *last {
+		return *last
+	}
+	if clone {
+		s = strings.Clone(s)
+	}
+	*last = s
+	return s
+}
+
+// newMessage builds the lane's message from msg (the delivery of a pull
+// request), sharing strings with the earlier messages of the fetch through
+// sh. It fails when the reply subject carries no JetStream metadata.
+func newMessage(msg jetstream.Msg, nc *nats.Conn, sh *shared, received time.Time) (*shaper.Message, error) {
+	md, err := msg.Metadata()
+	if err != nil {
+		return nil, err
+	}
+	h := msg.Headers()
+	data := msg.Data()
+	if len(h) > 0 && len(data) <= copyMax {
+		data = bytes.Clone(data) // leave the header block behind (see above)
+	}
+	jm := &jsMessage{
+		Message: shaper.Message{
+			Subject:      intern(&sh.subject, msg.Subject(), false), // nats.go's own string
+			Data:         data,
+			Stream:       intern(&sh.stream, md.Stream, true),
+			StreamSeq:    md.Sequence.Stream,
+			NumDelivered: md.NumDelivered,
+			Published:    md.Timestamp,
+			Received:     received,
+		},
+	}
+	jm.PackHeader(h)
+	jm.Acker = jm
+	var st uint64
+	jm.route, st = sh.routeFor(nc, msg.Reply(), md.Sequence.Consumer, md.NumPending, jm.numbers(md.Sequence.Consumer, md.NumPending))
+	jm.state.Store(st)
+	return &jm.Message, nil
+}
+
+// routeFor returns the route of a message with ack subject reply and its
+// packed state: the fetch's shared route when reply is its prefix and the
+// message's numbers n (whose consumer sequence and pending count are cseq
+// and pending) and those two fit the state word; else a route of the whole
+// subject, and state 0.
+func (sh *shared) routeFor(nc *nats.Conn, reply string, cseq, pending uint64, n ackNumbers) (*ackRoute, uint64) {
+	st, fits := ackState(cseq, pending)
+	p, ok := ackPrefix(reply, n)
+	switch {
+	case !fits || !ok:
+		return &ackRoute{nc: nc, subject: reply, whole: true}, 0
+	case sh.route == nil || sh.route.nc != nc || sh.route.subject != p:
+		sh.route = &ackRoute{nc: nc, subject: strings.Clone(p)}
+	}
+	return sh.route, st
+}
+
+// ackNumbers are the last five tokens of an ack subject: delivery count,
+// stream sequence, consumer sequence, timestamp (ns), pending.
+type ackNumbers [5]uint64
+
+func (jm *jsMessage) numbers(cseq, pending uint64) ackNumbers {
+	return ackNumbers{jm.NumDelivered, jm.StreamSeq, cseq, uint64(jm.Published.UnixNano()), pending}
+}
+
+// appendTail appends ".<delivered>.<sseq>.<cseq>.<tm>.<pending>", the end
+// of the ack subject (nats-server consumer.go ackReply, both forms), to b.
+func appendTail(b []byte, n ackNumbers) []byte {
+	for _, x := range n {
+		b = strconv.AppendUint(append(b, '.'), x, 10)
+	}
+	return b
+}
+
+// ackPrefix returns reply without its tail of numbers n, and whether reply
+// ends with exactly that tail: then prefix + the tail of n is reply again.
+// A reply of another form (a token after the numbers, as the v2 form may
+// get, or numbers written otherwise) reports false and is kept whole.
+func ackPrefix(reply string, n ackNumbers) (string, bool) {
+	var buf [len(n) * 21]byte
+	return strings.CutSuffix(reply, string(appendTail(buf[:0], n)))
+}
+
+// reply returns the message's ack subject.
+func (jm *jsMessage) reply() string {
+	if jm.route.whole {
+		return jm.route.subject
+	}
+	var buf [len(ackNumbers{}) * 21]byte
+	cseq, pending := ackNumbersOf(jm.state.Load())
+	return jm.route.subject + string(appendTail(buf[:0], jm.numbers(cseq, pending)))
+}
+
+// The acknowledgements are the bodies nats.go's jetstream.Msg publishes to
+// the message's ack subject (jetstream/message.go ackReply, nats.go v1.55:
+// "+ACK", "-NAK", `-NAK {"delay": <ns>}`, "+WPI", "+TERM <reason>"),
+// fire-and-forget as Msg.Ack sends them. Keeping these few bytes instead of
+// the jetstream.Msg is what lets its nats.go structures go (see above).
+// Like jetstream.Msg, a verb after Ack, Nak or Term fails with
+// jetstream.ErrMsgAlreadyAckd; InProgress may be sent any number of times.
+var (
+	ackBody      = []byte("+ACK")
+	nakBody      = []byte("-NAK")
+	progressBody = []byte("+WPI")
+)
+
+// Ack is fire-and-forget (a DoubleAck per message caps a consumer near
+// 30k/s, NOTES.md); the daemon flushes the connection before it closes, so
+// the acks of a drain reach the server (case C19).
+func (jm *jsMessage) Ack(context.Context) error { return jm.final(ackBody) }
+
+// Nak asks for redelivery after delay, at once when delay ≤ 0.
+func (jm *jsMessage) Nak(delay time.Duration) error {
+	if delay <= 0 {
+		return jm.final(nakBody)
+	}
+	return jm.final(append(strconv.AppendInt([]byte(`-NAK {"delay": `), delay.Nanoseconds(), 10), '}'))
+}
+
+// InProgress resets the server's ack-wait timer of the message (SPEC G7).
+func (jm *jsMessage) InProgress() error {
+	if jm.state.Load()&ackDone != 0 {
+		return jetstream.ErrMsgAlreadyAckd
+	}
+	return jm.route.nc.Publish(jm.reply(), progressBody)
+}
+
+// Term tells the server never to redeliver the message; reason appears in
+// the server's advisory.
+func (jm *jsMessage) Term(reason string) error {
+	if reason == "" {
+		return jm.final([]byte("+TERM"))
+	}
+	return jm.final(append([]byte("+TERM "), reason...))
+}
+
+// final publishes a verb that ends the message's acknowledgement, once.
+func (jm *jsMessage) final(body []byte) error {
+	st := jm.state.Load()
+	if st&ackDone != 0 || !jm.state.CompareAndSwap(st, st|ackDone) {
+		return jetstream.ErrMsgAlreadyAckd
+	}
+	if err := jm.route.nc.Publish(jm.reply(), body); err != nil {
+		jm.state.And(^uint64(ackDone)) // not sent: the verb may be tried again
+		return err
+	}
+	return nil
+}
