@@ -8,6 +8,8 @@
 //	go run ./bench -out FILE  # write the report elsewhere
 //	go run ./bench -section cpu [-cpuprofile FILE]
 //	                          # section 7 alone, on stdout only (and a CPU profile)
+//	go run ./bench -section throughput|e2e [-rate R] [-cpuprofile FILE]
+//	                          # section 3 or 4 alone (4 at rate R only), on stdout only
 //
 // It prints the same Markdown on stdout and its progress on stderr.
 package main
@@ -32,8 +34,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	quick := fs.Bool("quick", false, "short run (under 60 s) for CI: fewer departures and messages")
 	out := fs.String("out", "", "where to write the report (default docs/BENCHMARKS.md of the module)")
-	section := fs.String("section", "", "run one section alone and print it without writing the report: cpu (section 7)")
+	section := fs.String("section", "", "run one section alone and print it without writing the report: cpu (section 7), throughput (3), e2e (4)")
+	rate := fs.Float64("rate", 0, "with -section e2e: measure section 4 at this rate (messages per second) only")
+	msgs := fs.Int("msgs", 0, "with -section e2e -rate: messages of the stream (default: a few seconds' worth)")
+	only := fs.String("only", "", "with -section e2e: run only the contenders whose name contains this")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
+	var prof string
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -41,11 +47,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	if *section != "" && *section != "cpu" {
-		fmt.Fprintf(stderr, "bench: unknown section %q (cpu)\n", *section)
+	switch *section {
+	case "", "cpu", "throughput", "e2e":
+	default:
+		fmt.Fprintf(stderr, "bench: unknown section %q (cpu, throughput, e2e)\n", *section)
 		return 2
 	}
-	if *cpuprofile != "" {
+	if *msgs < 0 || (*msgs > 0 && *rate == 0) || (*only != "" && *section != "e2e") {
+		fmt.Fprintln(stderr, "bench: -msgs needs -rate, and -only needs -section e2e")
+		return 2
+	}
+	if *rate < 0 || (*rate > 0 && *section != "e2e") {
+		fmt.Fprintln(stderr, "bench: -rate needs -section e2e and a positive rate")
+		return 2
+	}
+	if *cpuprofile != "" && *section == "e2e" {
+		// One profile per row (e2e.go), so that each contender's can be read alone.
+		prof = *cpuprofile
+	} else if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
 			fmt.Fprintln(stderr, "bench:", err)
@@ -68,6 +87,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 		for _, h := range res.cpuHeadlines() {
 			fmt.Fprintln(stdout, "- "+h)
 		}
+		for _, pr := range res.problems {
+			fmt.Fprintln(stderr, "bench:", pr)
+		}
+		if len(res.problems) > 0 {
+			return 1
+		}
+		return 0
+	}
+	if *section == "throughput" || *section == "e2e" {
+		opts := Options{Quick: *quick, Section: *section, Progress: stderr, RowProfile: prof}
+		if *rate > 0 {
+			opts.FixedRates = []float64{*rate}
+		}
+		opts.FixedMsgs, opts.Only = *msgs, *only
+		res, err := Run(opts)
+		if err != nil {
+			fmt.Fprintln(stderr, "bench:", err)
+			return 1
+		}
+		fmt.Fprint(stdout, res.e2eMarkdown())
 		for _, pr := range res.problems {
 			fmt.Fprintln(stderr, "bench:", pr)
 		}

@@ -52,14 +52,7 @@ func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
 	l.adaptRecord(err, time.Now()) // rate.adaptive (adaptive.go)
 	if err == nil {
 		l.recordDelivered(m) // before the ack (dedup.go)
-		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
-		aerr := m.Acker.Ack(ctx)
-		cancel()
-		if aerr != nil {
-			// The downstream has it; the server will redeliver after ack
-			// wait and the idempotency key (G8) lets the downstream dedupe.
-			l.log.Warn("ack failed", "msg_id", m.Key(), "err", aerr)
-		}
+		l.acks.add(m)        // sent with others (ackbatch.go)
 		l.delivered.Add(1)
 		l.m.Deliveries[shaper.OutcomeSuccess].Inc()
 		return

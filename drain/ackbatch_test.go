@@ -1,0 +1,163 @@
+package drain
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/sources/sourcetest"
+)
+
+// TestAckBatchTiming: the acks queued while a batch waits are sent together,
+// in order, ackBatchDelay after the first; a full batch is sent at once.
+func TestAckBatchTiming(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		type sent struct {
+			id int
+			at time.Duration
+		}
+		var got []sent
+		t0 := time.Now()
+		ids := map[*shaper.Message]int{}
+		b := &ackBatch{send: func(m *shaper.Message) {
+			mu.Lock()
+			got = append(got, sent{ids[m], time.Since(t0)})
+			mu.Unlock()
+		}}
+		msg := func(id int) *shaper.Message {
+			m := &shaper.Message{}
+			mu.Lock()
+			ids[m] = id
+			mu.Unlock()
+			return m
+		}
+		b.add(msg(1))
+		time.Sleep(5 * time.Millisecond)
+		b.add(msg(2))
+		time.Sleep(10 * time.Millisecond)
+		b.add(msg(3))
+		time.Sleep(ackBatchDelay - 15*time.Millisecond - time.Nanosecond)
+		synctest.Wait()
+		mu.Lock()
+		if len(got) != 0 {
+			t.Errorf("%d acks sent before ackBatchDelay after the first", len(got))
+		}
+		mu.Unlock()
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		mu.Lock()
+		if len(got) != 3 {
+			t.Fatalf("%d acks sent at ackBatchDelay after the first, want all 3", len(got))
+		}
+		for i, s := range got {
+			if s.id != i+1 || s.at != ackBatchDelay {
+				t.Errorf("ack %d: message %d at %v, want message %d at %v", i, s.id, s.at, i+1, ackBatchDelay)
+			}
+		}
+		got = got[:0]
+		mu.Unlock()
+		// A full batch leaves at once, without waiting for the timer.
+		t0 = time.Now()
+		for i := range ackBatchMax {
+			b.add(msg(i))
+		}
+		mu.Lock()
+		if len(got) != ackBatchMax {
+			t.Errorf("%d of a full batch of %d sent at once", len(got), ackBatchMax)
+		}
+		mu.Unlock()
+		// Nothing is left for the timer to send.
+		time.Sleep(2 * ackBatchDelay)
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(got) != ackBatchMax {
+			t.Errorf("%d acks sent in all, want %d", len(got), ackBatchMax)
+		}
+	})
+}
+
+// fetchSpy wraps a lane's source and records, at every pull, how many acks
+// the lane still held back.
+type fetchSpy struct {
+	*sourcetest.Mem
+	lane    *Lane
+	mu      sync.Mutex
+	pending []int
+}
+
+func (s *fetchSpy) Fetch(ctx context.Context, max int, deliver func(*shaper.Message)) error {
+	s.lane.acks.mu.Lock()
+	n := len(s.lane.acks.q)
+	s.lane.acks.mu.Unlock()
+	s.mu.Lock()
+	s.pending = append(s.pending, n)
+	s.mu.Unlock()
+	return s.Mem.Fetch(ctx, max, deliver)
+}
+
+// TestLaneAcksBeforePull: the lane sends its held acks before every pull
+// request, so that the server counts those messages out of max_ack_pending
+// before it serves the pull (ackbatch.go); and Drain returns with every ack
+// sent.
+func TestLaneAcksBeforePull(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := laneConfig(100)
+		cfg.Bucket.Capacity = 4 // a pull after every departure (fetchLowWater 1)
+		// Each ack is queued 5 ms after its departure, 5 ms before the next
+		// departure's pull, and 15 ms before ackBatchDelay would send it.
+		sink := &recSink{behave: func(call) (time.Duration, error) { return 5 * time.Millisecond, nil }}
+		mem := sourcetest.NewMem(cfg.Source.AckWait)
+		spy := &fetchSpy{Mem: mem}
+		l, err := New("test", cfg, spy, sink, WithWaiter(TimerWaiter{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		spy.lane = l
+		mem.Publish(30)
+		l.Start()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		l.Drain(ctx)
+		if acked, d := mem.Count(sourcetest.Acked), l.delivered.Load(); acked != int(d) || acked != 30 {
+			t.Errorf("%d acked when Drain returned, %d delivered, want 30 each", acked, d)
+		}
+		mem.Close()
+		spy.mu.Lock()
+		defer spy.mu.Unlock()
+		if len(spy.pending) < 10 {
+			t.Fatalf("only %d pulls", len(spy.pending))
+		}
+		for i, n := range spy.pending {
+			if n != 0 {
+				t.Errorf("pull %d issued with %d acks held back, want 0", i, n)
+			}
+		}
+	})
+}
+
+// TestLaneDrainSendsHeldAcks: a task that ends after the last pull (its
+// sink call outlasts the pull's expiry) has its ack sent before Drain
+// returns, not ackBatchDelay later: the caller closes the connection then.
+func TestLaneDrainSendsHeldAcks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink := &recSink{behave: func(call) (time.Duration, error) { return 1500 * time.Millisecond, nil }}
+		h := newHarness(t, laneConfig(100), sink)
+		h.src.Publish(1)
+		h.lane.Start()
+		time.Sleep(10 * time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		h.lane.Drain(ctx)
+		if acked := h.src.Count(sourcetest.Acked); acked != 1 {
+			t.Errorf("%d acked when Drain returned, want 1", acked)
+		}
+		h.src.Close()
+	})
+}
