@@ -98,6 +98,9 @@ func (res *Results) runThroughput(ctx context.Context, env *natsEnv, quiet func(
 		for i := range res.thr {
 			// Rotate the order so that no contender always runs first.
 			row := &res.thr[(i+rep)%len(res.thr)]
+			if !strings.Contains(row.name, res.opts.Only) {
+				continue
+			}
 			var r endToEnd
 			quiet()
 			switch {

@@ -37,7 +37,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	section := fs.String("section", "", "run one section alone and print it without writing the report: cpu (section 7), throughput (3), e2e (4)")
 	rate := fs.Float64("rate", 0, "with -section e2e: measure section 4 at this rate (messages per second) only")
 	msgs := fs.Int("msgs", 0, "with -section e2e -rate: messages of the stream (default: a few seconds' worth)")
-	only := fs.String("only", "", "with -section e2e: run only the contenders whose name contains this")
+	only := fs.String("only", "", "with -section e2e or throughput: run only the contenders whose name contains this")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
 	var prof string
 	if err := fs.Parse(args); err != nil {
@@ -53,8 +53,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench: unknown section %q (cpu, throughput, e2e)\n", *section)
 		return 2
 	}
-	if *msgs < 0 || (*msgs > 0 && *rate == 0) || (*only != "" && *section != "e2e") {
-		fmt.Fprintln(stderr, "bench: -msgs needs -rate, and -only needs -section e2e")
+	if *msgs < 0 || (*msgs > 0 && *rate == 0) || (*only != "" && *section != "e2e" && *section != "throughput") {
+		fmt.Fprintln(stderr, "bench: -msgs needs -rate, and -only needs -section e2e or throughput")
 		return 2
 	}
 	if *rate < 0 || (*rate > 0 && *section != "e2e") {

@@ -117,6 +117,9 @@ type thrRow struct {
 
 // median returns the repetition with the median rate.
 func (t thrRow) median() endToEnd {
+	if len(t.reps) == 0 { // left out (-only)
+		return endToEnd{name: t.name}
+	}
 	r := slices.Clone(t.reps)
 	slices.SortFunc(r, func(a, b endToEnd) int {
 		switch {
@@ -131,6 +134,9 @@ func (t thrRow) median() endToEnd {
 }
 
 func (t thrRow) spread() (lo, hi float64) {
+	if len(t.reps) == 0 {
+		return 0, 0
+	}
 	lo, hi = t.reps[0].perSecond, t.reps[0].perSecond
 	for _, r := range t.reps {
 		lo, hi = min(lo, r.perSecond), max(hi, r.perSecond)

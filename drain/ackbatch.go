@@ -37,8 +37,8 @@ type ackBatch struct {
 	q     []*shaper.Message
 	spare []*shaper.Message // the slice of the last batch sent, for reuse
 	timer *time.Timer
-	armed bool                    // the timer runs for the batch in q
-	send  func(m *shaper.Message) // sends one ack (Lane.sendAck)
+	armed bool                                         // the timer runs for the batch in q
+	send  func(ctx context.Context, m *shaper.Message) // sends one ack (Lane.sendAck)
 }
 
 // add queues m's ack.
@@ -74,10 +74,12 @@ func (b *ackBatch) flush() {
 		b.timer.Stop()
 	}
 	b.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout) // one timer per batch
 	for i, m := range q {
-		b.send(m)
+		b.send(ctx, m)
 		q[i] = nil
 	}
+	cancel()
 	b.mu.Lock()
 	if b.spare == nil {
 		b.spare = q[:0]
@@ -88,11 +90,8 @@ func (b *ackBatch) flush() {
 // sendAck acks m at the source; a failure is logged (the downstream has the
 // message: the server redelivers it after ack wait, and the idempotency key
 // lets the downstream drop the copy, G8).
-func (l *Lane) sendAck(m *shaper.Message) {
-	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
-	aerr := m.Acker.Ack(ctx)
-	cancel()
-	if aerr != nil {
+func (l *Lane) sendAck(ctx context.Context, m *shaper.Message) {
+	if aerr := m.Acker.Ack(ctx); aerr != nil {
 		l.log.Warn("ack failed", "msg_id", m.Key(), "err", aerr)
 	}
 }

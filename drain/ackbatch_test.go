@@ -23,7 +23,7 @@ func TestAckBatchTiming(t *testing.T) {
 		var got []sent
 		t0 := time.Now()
 		ids := map[*shaper.Message]int{}
-		b := &ackBatch{send: func(m *shaper.Message) {
+		b := &ackBatch{send: func(_ context.Context, m *shaper.Message) {
 			mu.Lock()
 			got = append(got, sent{ids[m], time.Since(t0)})
 			mu.Unlock()

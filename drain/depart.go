@@ -153,7 +153,7 @@ func (l *Lane) depart(m *shaper.Message, empty bool, ready, now, scheduled time.
 	l.m.BucketDepth.Set(float64(l.bucket.Len()))
 	l.m.InFlight.Inc()
 	l.tasks.Add(1)
-	go l.runTask(m)
+	l.startTask(m) // on a worker (workers.go)
 }
 
 // awaitConnected waits while the source reports it is disconnected; false
