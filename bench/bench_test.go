@@ -40,7 +40,9 @@ func TestBenchQuick(t *testing.T) {
 		"## 2. Strict judge", "## 3. Throughput ceiling", "## 4. Overhead at 1,000/s",
 		"## 5. Memory of a full bucket", "## 6. Redis global pacing", "Not yet implemented (issue 5)",
 		"| shaper ", "| x/time/rate ", "| uber ratelimit ", "| uber WithoutSlack ", "| time.Ticker ",
-		"| shaper lane, 1e6/s, no-op sink ", "| nats.go Consume + Ack (ceiling) ",
+		"| shaper lane, 1e6/s, no-op sink ", "| nats.go Consume + Ack (ceiling) ", "CPU share of ceiling",
+		"### The same at 100/s", "### The same at 10,000/s", "vs x/time/rate",
+		"shaper's lane vs Consume + x/time/rate + Ack",
 		"## 7. CPU per departure against clock_nanosleep", "| clock_nanosleep ", "| clock_nanosleep raw ",
 		"shaper vs the issue's clock_nanosleep loop", "CPU hog on the other core",
 	} {

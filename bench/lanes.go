@@ -299,26 +299,6 @@ func (e *natsEnv) runLane(ctx context.Context, st *stream, name string, limit fl
 	return r
 }
 
-// runLanePull runs the lane of runLane on the prototype pullSource.
-func (e *natsEnv) runLanePull(ctx context.Context, st *stream, name string, limit float64) endToEnd {
-	consumer := e.consumerName("pull")
-	cfg := laneConfig(st.name, st.filter(), consumer, limit, 0)
-	c, err := e.createConsumer(ctx, st, consumer, cfg.EffectiveMaxAckPending()+pullBuffer)
-	if err != nil {
-		return endToEnd{name: name, n: st.n, err: err}
-	}
-	it, err := c.Messages(jetstream.PullMaxMessages(pullBuffer))
-	if err != nil {
-		return endToEnd{name: name, n: st.n, err: err}
-	}
-	r := runLaneOn(ctx, name, cfg, &pullSource{it}, st.n, true)
-	it.Stop()
-	if r.err == nil {
-		r.err = e.settled(ctx, st, consumer)
-	}
-	return r
-}
-
 // runLaneOn runs a lane with cfg on src until n messages reached the no-op
 // sink, then drains it. It records the waiter's lateness and the pull
 // requests made.

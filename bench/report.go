@@ -362,33 +362,23 @@ cannot keep up at all; uber ratelimit with its default slack keeps the average o
    rates because it sleeps once per ~11 departures. Where ±1 ms is acceptable, TimerWaiter is cheaper
    and its rows show what it costs in rate.
 
-4. *End-to-end overhead of a lane at a fixed rate* (section 4) is higher than a hand-rolled Consume with a
-   limiter, in CPU and allocations per message, for reasons in drain/lane.go and sources/jetstream.go
-   rather than in the pacer:
-   - **One pull request per departure.** fetchLoop reserves every freed slot and calls Source.Fetch at
-     once; at a steady rate a slot frees per departure, so the lane issues about one JetStream pull
-     request per message (the *pull requests* columns). Each jetstream Fetch subscribes a new inbox,
-     allocates channels sized to the batch, sends a JSON request and unsubscribes. *Fix:* fetch only when
-     a meaningful share of the bucket is free (a low-water mark, e.g. min(capacity/4, 1 s of departures)),
-     or keep one long-lived pull subscription; the prototype row does the latter and shows the saving in
-     CPU and allocations (a product version must count the client's buffer against the bucket, G6, and
-     keep it small or in-progress-acked, G7).
-   - **A goroutine per departure.** runTask is a new goroutine (fine: G5 needs the task off the loop).
-     The precise waiter no longer adds one: one long-lived watcher per waiter turns the lane's wake
-     channel and its ctx into interrupts (no goroutine or context.AfterFunc per wait).
-   - **A fetch-loop wake-up per departure**, even with the in-memory source: every Pop signals Freed and
-     the fetch loop runs, reserves one slot and calls Fetch. The low-water mark above fixes both.
-   - Per task: context.WithTimeout (a runtime timer), shaper.WithWire (a context value and a closure),
-     and the Prometheus observations. Small each.
-   The in-memory-source row isolates the lane from NATS; the difference to the JetStream row is the
-   source's cost, the difference to the hand-rolled rows is the lane's.
+4. *End-to-end CPU per message at a fixed rate* (section 4; the profiles and each fix are in
+   docs/performance.md). On these virtual cores a message costs mostly wake-ups of threads, ~10–20 µs of
+   CPU each (the context switches per message of section 4's progress lines), not the lane's own code.
+   What issue 15 changed, each measured before and after: the acks of successful deliveries are sent in
+   batches (drain/ackbatch.go: after 10 ms, at 256, before every pull and at the end of a drain), which
+   saves the client's flusher wake-up, a write and the server's wake-ups per message (7.3 → 4.4 context
+   switches per message at 1,000/s); tasks run on reused worker goroutines (drain/workers.go: no stack
+   growth and no goroutine start per task); the fetch loop wakes once per low-water mark, not per
+   departure (shaper.Bucket.SetFreedThreshold). What is left above a bare consumer: the precise waiter's
+   spin (its last microseconds before each departure, the price of G1's precision; section 7) and the
+   task's hand-over to another thread (G5: a slow sink call must not delay the next departure). The
+   in-memory-source row isolates the lane from NATS.
 
-5. *Throughput ceiling* (section 3): at full speed the bucket empties faster than it fills, so the lane's
-   pull requests are large (see the column) and are not the limit. The lane's share of a bare Consume is
-   spent per departure: the bucket's and the lane's mutexes, four metric updates, and a goroutine with a
-   timeout context per task under max_in_flight 8 (a slot frees only when the task goroutine has run, so
-   the departure loop and the tasks hand the 2 Ps back and forth). It is far above any rate a rigid
-   downstream accepts.
+5. *Throughput ceiling* (section 3): at full speed the lane spends per message what the bare consumer
+   does, plus the bucket's and the lane's mutexes, the metric updates, a timeout context per task and the
+   hand-over from the departure loop to a worker; the profile of docs/performance.md names them. It is
+   far above any rate a rigid downstream accepts.
 
 6. *Spacing at the sink, not only at departure.* Section 4's window column is taken at the sink calls.
    A departure becomes a task goroutine, and a goroutine that starts late can run its Send right before

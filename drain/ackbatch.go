@@ -18,7 +18,10 @@ import (
 // milliseconds changes nothing the server or the downstream can see, except
 // that a crash in between redelivers those messages (at-least-once, G4; the
 // idempotency key, G8; the consumer's own state is written only every
-// ~100 ms anyway, NOTES.md). The lane sends the batch:
+// ~100 ms anyway, NOTES.md). An ack that comes ackBatchDelay or more after
+// the last one sent is sent at once: at such a rate (≤ 1/ackBatchDelay, 100/s)
+// a batch would hold one ack, and its timer would add a wake-up instead of
+// saving one. Otherwise the lane sends the batch:
 //   - ackBatchDelay after the first ack of the batch,
 //   - at once when it holds ackBatchMax acks,
 //   - before every pull request (fetch.go), so that the server counts the
@@ -26,7 +29,7 @@ import (
 //   - at the end of Drain, before it returns (the caller then flushes and
 //     closes the connection, case C19).
 const (
-	ackBatchDelay = 20 * time.Millisecond
+	ackBatchDelay = 10 * time.Millisecond
 	ackBatchMax   = 256
 )
 
@@ -38,12 +41,23 @@ type ackBatch struct {
 	spare []*shaper.Message // the slice of the last batch sent, for reuse
 	timer *time.Timer
 	armed bool                                         // the timer runs for the batch in q
+	sent  time.Time                                    // when the last ack or batch was sent
 	send  func(ctx context.Context, m *shaper.Message) // sends one ack (Lane.sendAck)
 }
 
-// add queues m's ack.
+// add queues m's ack, or sends it at once when the last was sent
+// ackBatchDelay or more ago and none waits.
 func (b *ackBatch) add(m *shaper.Message) {
+	now := time.Now()
 	b.mu.Lock()
+	if len(b.q) == 0 && now.Sub(b.sent) >= ackBatchDelay {
+		b.sent = now
+		b.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+		b.send(ctx, m)
+		cancel()
+		return
+	}
 	b.q = append(b.q, m)
 	full := len(b.q) >= ackBatchMax
 	if !full && !b.armed {
@@ -69,6 +83,7 @@ func (b *ackBatch) flush() {
 		return
 	}
 	b.q, b.spare = b.spare[:0], nil
+	b.sent = time.Now()
 	if b.armed {
 		b.armed = false
 		b.timer.Stop()

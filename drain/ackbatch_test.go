@@ -11,8 +11,10 @@ import (
 	"github.com/shaper-dev/shaper/sources/sourcetest"
 )
 
-// TestAckBatchTiming: the acks queued while a batch waits are sent together,
-// in order, ackBatchDelay after the first; a full batch is sent at once.
+// TestAckBatchTiming: an ack that follows the last one sent by
+// ackBatchDelay or more is sent at once; the acks that come sooner are sent
+// together, in order, ackBatchDelay after the first of them; a full batch
+// is sent at once.
 func TestAckBatchTiming(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var mu sync.Mutex
@@ -35,32 +37,41 @@ func TestAckBatchTiming(t *testing.T) {
 			mu.Unlock()
 			return m
 		}
-		b.add(msg(1))
-		time.Sleep(5 * time.Millisecond)
-		b.add(msg(2))
-		time.Sleep(10 * time.Millisecond)
-		b.add(msg(3))
-		time.Sleep(ackBatchDelay - 15*time.Millisecond - time.Nanosecond)
-		synctest.Wait()
-		mu.Lock()
-		if len(got) != 0 {
-			t.Errorf("%d acks sent before ackBatchDelay after the first", len(got))
-		}
-		mu.Unlock()
-		time.Sleep(time.Nanosecond)
-		synctest.Wait()
-		mu.Lock()
-		if len(got) != 3 {
-			t.Fatalf("%d acks sent at ackBatchDelay after the first, want all 3", len(got))
-		}
-		for i, s := range got {
-			if s.id != i+1 || s.at != ackBatchDelay {
-				t.Errorf("ack %d: message %d at %v, want message %d at %v", i, s.id, s.at, i+1, ackBatchDelay)
+		check := func(what string, want ...sent) {
+			t.Helper()
+			synctest.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			if len(got) != len(want) {
+				t.Fatalf("%s: sent %v, want %v", what, got, want)
+			}
+			for i := range want {
+				if got[i] != want[i] {
+					t.Errorf("%s: ack %d is %v, want %v", what, i, got[i], want[i])
+				}
 			}
 		}
+		d := ackBatchDelay
+		b.add(msg(1)) // the first: nothing sent for ackBatchDelay
+		check("first ack", sent{1, 0})
+		time.Sleep(d / 4)
+		b.add(msg(2))
+		time.Sleep(d / 2)
+		b.add(msg(3))
+		time.Sleep(d/2 - time.Nanosecond)
+		check("before the batch's delay", sent{1, 0})
+		time.Sleep(time.Nanosecond)
+		check("at the batch's delay", sent{1, 0}, sent{2, d / 4 * 5}, sent{3, d / 4 * 5})
+		// Sparse acks (one per ackBatchDelay) each leave at once.
+		time.Sleep(d)
+		b.add(msg(4))
+		time.Sleep(d)
+		b.add(msg(5))
+		check("sparse acks", sent{1, 0}, sent{2, d / 4 * 5}, sent{3, d / 4 * 5}, sent{4, d/4*5 + d}, sent{5, d/4*5 + 2*d})
+		// A full batch leaves at once, without waiting for the timer.
+		mu.Lock()
 		got = got[:0]
 		mu.Unlock()
-		// A full batch leaves at once, without waiting for the timer.
 		t0 = time.Now()
 		for i := range ackBatchMax {
 			b.add(msg(i))
@@ -70,8 +81,7 @@ func TestAckBatchTiming(t *testing.T) {
 			t.Errorf("%d of a full batch of %d sent at once", len(got), ackBatchMax)
 		}
 		mu.Unlock()
-		// Nothing is left for the timer to send.
-		time.Sleep(2 * ackBatchDelay)
+		time.Sleep(2 * d)
 		synctest.Wait()
 		mu.Lock()
 		defer mu.Unlock()
@@ -108,9 +118,9 @@ func TestLaneAcksBeforePull(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := laneConfig(100)
 		cfg.Bucket.Capacity = 4 // a pull after every departure (fetchLowWater 1)
-		// Each ack is queued 5 ms after its departure, 5 ms before the next
-		// departure's pull, and 15 ms before ackBatchDelay would send it.
-		sink := &recSink{behave: func(call) (time.Duration, error) { return 5 * time.Millisecond, nil }}
+		// Each ack is queued 2 ms after its departure, 8 ms before the next
+		// departure's pull and ackBatchDelay would send it.
+		sink := &recSink{behave: func(call) (time.Duration, error) { return 2 * time.Millisecond, nil }}
 		mem := sourcetest.NewMem(cfg.Source.AckWait)
 		spy := &fetchSpy{Mem: mem}
 		l, err := New("test", cfg, spy, sink, WithWaiter(TimerWaiter{}))
@@ -148,15 +158,16 @@ func TestLaneAcksBeforePull(t *testing.T) {
 func TestLaneDrainSendsHeldAcks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sink := &recSink{behave: func(call) (time.Duration, error) { return 1500 * time.Millisecond, nil }}
-		h := newHarness(t, laneConfig(100), sink)
-		h.src.Publish(1)
+		// 1 ms apart: the first ack is sent at once, the second is held.
+		h := newHarness(t, laneConfig(1000), sink)
+		h.src.Publish(2)
 		h.lane.Start()
 		time.Sleep(10 * time.Millisecond)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		h.lane.Drain(ctx)
-		if acked := h.src.Count(sourcetest.Acked); acked != 1 {
-			t.Errorf("%d acked when Drain returned, want 1", acked)
+		if acked := h.src.Count(sourcetest.Acked); acked != 2 {
+			t.Errorf("%d acked when Drain returned, want 2", acked)
 		}
 		h.src.Close()
 	})
