@@ -28,7 +28,9 @@ func (l *Lane) runTask(m *shaper.Message) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.conf().Task.Timeout)
-	ctx = shaper.WithWire(ctx, func(t time.Time) { l.wired(m, t) })
+	if l.reportsWire { // only a WireReporter calls it (a closure and a context value per task otherwise)
+		ctx = shaper.WithWire(ctx, func(t time.Time) { l.wired(m, t) })
+	}
 	ctx = l.withRateLimitReport(ctx) // rate.adaptive.headers (adaptive.go)
 	start := time.Now()
 	err := l.sinkp.Load().s.Send(ctx, m)
