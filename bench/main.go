@@ -38,7 +38,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rate := fs.Float64("rate", 0, "with -section e2e: measure section 4 at this rate (messages per second) only")
 	msgs := fs.Int("msgs", 0, "with -section e2e -rate: messages of the stream (default: a few seconds' worth)")
 	only := fs.String("only", "", "with -section e2e or throughput: run only the contenders whose name contains this")
-	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file; with -section e2e, one per row: FILE-<rate>-<row>.prof")
 	var prof string
 	if err := fs.Parse(args); err != nil {
 		return 2
