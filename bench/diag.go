@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -10,11 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/shaper-dev/shaper/drain"
 	"github.com/shaper-dev/shaper/shaper"
-	"github.com/shaper-dev/shaper/sources"
 )
 
 // recWaiter wraps the lane's waiter (drain.WithWaiter) and records how late
@@ -139,54 +135,3 @@ func (nopAcker) Ack(context.Context) error { return nil }
 func (nopAcker) Nak(time.Duration) error   { return nil }
 func (nopAcker) InProgress() error         { return nil }
 func (nopAcker) Term(string) error         { return nil }
-
-// pullSource is a prototype, for comparison only, of the fix section 4
-// suggests: the lane's Source served from one long-lived pull subscription
-// (jetstream.Consumer.Messages, up to pullBuffer messages buffered in the
-// client, re-pulled at half) instead of one pull request per Fetch call. It
-// is not a drop-in replacement: the buffered messages sit outside the bucket
-// (G6 counts them nowhere) and age without in-progress acks (G7).
-type pullSource struct{ it jetstream.MessagesContext }
-
-// pullBuffer is how many messages the prototype lets the client buffer.
-const pullBuffer = 100
-
-func (s *pullSource) Fetch(ctx context.Context, max int, deliver func(*shaper.Message)) error {
-	deadline := time.Now().Add(sources.FetchExpiry)
-	for range max {
-		d := time.Until(deadline)
-		if d <= 0 {
-			return nil
-		}
-		msg, err := s.it.Next(jetstream.NextMaxWait(d))
-		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return err
-			}
-			return nil // expired: like a pull request that expires
-		}
-		md, err := msg.Metadata()
-		if err != nil {
-			return err
-		}
-		deliver(&shaper.Message{
-			Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data(),
-			Stream: md.Stream, StreamSeq: md.Sequence.Stream, NumDelivered: md.NumDelivered,
-			Received: time.Now(), Acker: pullAcker{msg},
-		})
-	}
-	return nil
-}
-
-// pullAcker maps the lane's verbs onto JetStream's, as sources.JetStream does.
-type pullAcker struct{ m jetstream.Msg }
-
-func (a pullAcker) Ack(context.Context) error { return a.m.Ack() }
-func (a pullAcker) InProgress() error         { return a.m.InProgress() }
-func (a pullAcker) Term(reason string) error  { return a.m.TermWithReason(reason) }
-func (a pullAcker) Nak(d time.Duration) error {
-	if d <= 0 {
-		return a.m.Nak()
-	}
-	return a.m.NakWithDelay(d)
-}

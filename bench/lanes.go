@@ -236,6 +236,7 @@ type endToEnd struct {
 	perSecond float64 // n / elapsed, or from first to last delivery at a fixed rate
 	cpuPerMsg time.Duration
 	allocs    float64 // per message
+	switches  float64 // context switches of the process per message
 	max10ms   int     // most deliveries in any 10 ms window (fixed-rate rows)
 	err       error
 	load      float64 // other processes' share of the machine meanwhile
@@ -250,6 +251,7 @@ type endToEnd struct {
 type meter struct {
 	t0      time.Time
 	cpu0    time.Duration
+	csw0    int64
 	mallocs uint64
 	load    loadMeter
 }
@@ -258,18 +260,20 @@ func startMeter() meter {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return meter{t0: time.Now(), cpu0: cpuTime(), mallocs: ms.Mallocs, load: startLoad()}
+	return meter{t0: time.Now(), cpu0: cpuTime(), csw0: contextSwitches(), mallocs: ms.Mallocs, load: startLoad()}
 }
 
 func (m meter) stop(r *endToEnd) {
 	r.elapsed = time.Since(m.t0)
 	r.load = m.load.other()
 	cpu := cpuTime() - m.cpu0
+	csw := contextSwitches() - m.csw0
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	if r.n > 0 {
 		r.cpuPerMsg = cpu / time.Duration(r.n)
 		r.allocs = float64(ms.Mallocs-m.mallocs) / float64(r.n)
+		r.switches = float64(csw) / float64(r.n)
 		if r.perSecond == 0 {
 			r.perSecond = float64(r.n) / r.elapsed.Seconds()
 		}
@@ -289,26 +293,6 @@ func (e *natsEnv) runLane(ctx context.Context, st *stream, name string, limit fl
 		return endToEnd{name: name, n: st.n, err: err}
 	}
 	r := runLaneOn(ctx, name, cfg, src, st.n, stamp)
-	if r.err == nil {
-		r.err = e.settled(ctx, st, consumer)
-	}
-	return r
-}
-
-// runLanePull runs the lane of runLane on the prototype pullSource.
-func (e *natsEnv) runLanePull(ctx context.Context, st *stream, name string, limit float64) endToEnd {
-	consumer := e.consumerName("pull")
-	cfg := laneConfig(st.name, st.filter(), consumer, limit, 0)
-	c, err := e.createConsumer(ctx, st, consumer, cfg.EffectiveMaxAckPending()+pullBuffer)
-	if err != nil {
-		return endToEnd{name: name, n: st.n, err: err}
-	}
-	it, err := c.Messages(jetstream.PullMaxMessages(pullBuffer))
-	if err != nil {
-		return endToEnd{name: name, n: st.n, err: err}
-	}
-	r := runLaneOn(ctx, name, cfg, &pullSource{it}, st.n, true)
-	it.Stop()
 	if r.err == nil {
 		r.err = e.settled(ctx, st, consumer)
 	}

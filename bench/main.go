@@ -15,6 +15,8 @@
 //	go run ./bench -section memory [-memprofile FILE]
 //	                          # section 5 alone, on stdout only (and a heap profile
 //	                          # taken while the JetStream-fed bucket is full)
+//	go run ./bench -section throughput|e2e [-rate R] [-cpuprofile FILE]
+//	                          # section 3 or 4 alone (4 at rate R only), on stdout only
 //
 // It prints the same Markdown on stdout and its progress on stderr.
 package main
@@ -42,10 +44,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	quick := fs.Bool("quick", false, "short run (under 60 s) for CI: fewer departures and messages")
 	out := fs.String("out", "", "where to write the report (default docs/BENCHMARKS.md of the module)")
-	section := fs.String("section", "", "run one section alone and print it without writing the report: cpu (section 7), memory (5), http (11), redis (6), idle (9), lanes (10)")
-	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file")
+	section := fs.String("section", "", "run one section alone and print it without writing the report: cpu (section 7), throughput (3), e2e (4), memory (5), http (11), redis (6), idle (9), lanes (10)")
+	rate := fs.Float64("rate", 0, "with -section e2e: measure section 4 at this rate (messages per second) only")
+	msgs := fs.Int("msgs", 0, "with -section e2e -rate: messages of the stream (default: a few seconds' worth)")
+	only := fs.String("only", "", "with -section e2e or throughput: run only the contenders whose name contains this")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file; with -section e2e, one per row: FILE-<rate>-<row>.prof")
 	largeChildArg := fs.String("large-child", "", "internal: run one large-payload cell of section 5 (JSON) and print its result")
 	memprofile := fs.String("memprofile", "", "with -section memory: write a heap profile (every allocation sampled) taken while the JetStream-fed bucket is full")
+	var prof string
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -56,8 +62,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if *largeChildArg != "" {
 		return largeChild(*largeChildArg, stdout)
 	}
-	if *section != "" && *section != "cpu" && *section != "http" && *section != "memory" && !issue15Section(*section) {
-		fmt.Fprintf(stderr, "bench: unknown section %q (cpu, memory, http, idle, lanes, redis)\n", *section)
+	switch *section {
+	case "", "cpu", "throughput", "e2e", "http", "memory":
+	default:
+		if !issue15Section(*section) {
+			fmt.Fprintf(stderr, "bench: unknown section %q (cpu, throughput, e2e, memory, http, idle, lanes, redis)\n", *section)
+			return 2
+		}
+	}
+	if *msgs < 0 || (*msgs > 0 && *rate == 0) || (*only != "" && *section != "e2e" && *section != "throughput") {
+		fmt.Fprintln(stderr, "bench: -msgs needs -rate, and -only needs -section e2e or throughput")
+		return 2
+	}
+	if *rate < 0 || (*rate > 0 && *section != "e2e") {
+		fmt.Fprintln(stderr, "bench: -rate needs -section e2e and a positive rate")
 		return 2
 	}
 	if *memprofile != "" && *section != "memory" {
@@ -67,7 +85,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if *section == "memory" {
 		return runMemoryOnly(*quick, *memprofile, stdout, stderr)
 	}
-	if *cpuprofile != "" {
+	if *cpuprofile != "" && *section == "e2e" {
+		// One profile per row (e2e.go), so that each contender's can be read alone.
+		prof = *cpuprofile
+	} else if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
 			fmt.Fprintln(stderr, "bench:", err)
@@ -83,7 +104,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if issue15Section(*section) {
 		return runSection(*section, *quick, stdout, stderr) // issue15.go
 	}
-	if *section != "" {
+	if *section == "cpu" || *section == "http" {
 		res, err := Run(Options{Quick: *quick, OnlyCPU: *section == "cpu", OnlyHTTP: *section == "http", Progress: stderr})
 		if err != nil {
 			fmt.Fprintln(stderr, "bench:", err)
@@ -97,6 +118,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 		for _, h := range hs {
 			fmt.Fprintln(stdout, "- "+h)
 		}
+		for _, pr := range res.problems {
+			fmt.Fprintln(stderr, "bench:", pr)
+		}
+		if len(res.problems) > 0 {
+			return 1
+		}
+		return 0
+	}
+	if *section == "throughput" || *section == "e2e" {
+		opts := Options{Quick: *quick, Section: *section, Progress: stderr, RowProfile: prof}
+		if *rate > 0 {
+			opts.FixedRates = []float64{*rate}
+		}
+		opts.FixedMsgs, opts.OnlyRows = *msgs, *only
+		res, err := Run(opts)
+		if err != nil {
+			fmt.Fprintln(stderr, "bench:", err)
+			return 1
+		}
+		fmt.Fprint(stdout, res.e2eMarkdown())
 		for _, pr := range res.problems {
 			fmt.Fprintln(stderr, "bench:", pr)
 		}

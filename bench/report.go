@@ -127,75 +127,9 @@ func (r *Results) Markdown() string {
 	w("`1/limit` is %s µs at 100/s and %s µs at 1,000/s; a min gap below it is a rejection.\n\n",
 		fmtUs(time.Second/100), fmtUs(time.Second/1000))
 
-	// 3.
-	w("## 3. Throughput ceiling\n\n")
-	w("One stream of %s messages of %d bytes (each with a `Nats-Msg-Id` header), file storage, in an embedded\n", fmtInt(float64(p.thrMsgs)), payloadSize)
-	w("nats-server in the same process (`sources.StartEmbedded`). Each contender reads the whole stream with a\n")
-	w("fresh durable pull consumer (explicit ack, max ack pending 1,008 = capacity + max_in_flight) and acks every\n")
-	w("message; the clock stops at the last ack (bare consumers) or the last sink call (shaper, which acks right\n")
-	w("after it); every consumer is then checked to have nothing pending or unacked on the server. %d repetition(s)\n", p.thrReps)
-	w("in rotating order; the median is shown with the range. CPU and allocations are the whole process's,\n")
-	w("nats-server included, per message.\n\n")
-	tt := table{head: []string{"contender", "msgs/s (median)", "range msgs/s", "share of ceiling", "CPU µs/msg", "allocs/msg", "pull requests", "load %"}}
-	ceiling := 0.0
-	if len(r.thr) > 0 {
-		ceiling = r.thr[0].median().perSecond
-	}
-	for _, row := range r.thr {
-		m := row.median()
-		lo, hi := row.spread()
-		pulls := "–"
-		if m.diag {
-			pulls = strconv.FormatInt(m.fetches, 10)
-		}
-		tt.add(row.name, fmtRate(m.perSecond), fmtRate(lo)+"–"+fmtRate(hi), fmtPct(100*m.perSecond/ceiling)+" %",
-			fmtUs(m.cpuPerMsg), fmt.Sprintf("%.1f", m.allocs), pulls, fmtLoad(m.load))
-	}
-	w("%s\n", tt.String())
-	for _, row := range r.thr {
-		w("- **%s**: %s\n", row.name, row.note)
-	}
-	w("\n")
-
-	// 4.
-	w("## 4. Overhead at %s/s, end to end\n\n", fmtInt(p.fixedRate))
-	w("A stream of %s messages read at %s/s: shaper's lane (defaults, slack 0, no-op sink, precise waiter) against\n", fmtInt(float64(p.fixedMsgs)), fmtInt(p.fixedRate))
-	w("the hand-rolled alternative — `Consume` with a limiter called in the handler before the ack. CPU is the\n")
-	w("whole process (getrusage; nats-server included) from start to the last delivery, per message; allocations\n")
-	w("are `runtime.MemStats.Mallocs` over the same span, per message. *achieved* and the 10 ms window are measured\n")
-	w("on the instants of the sink calls (the handler, for bare consumers). Two rows are not the product: the\n")
-	w("*in-memory source* row runs the same lane on a source that hands out ready messages with no-op acks (the\n")
-	w("lane's own cost, no NATS), and the *prototype persistent pull* row runs it on a bench-only Source that\n")
-	w("reads one long-lived `consumer.Messages` subscription (%d messages buffered in the client) instead of one\n", pullBuffer)
-	w("pull request per `Fetch` — the fix suggested below; it buffers outside the bucket, so it is not G6-exact.\n\n")
-	ft := table{head: []string{"contender", "messages", "achieved /s", "error %", fmt.Sprintf("10 ms (≤%d)", idealWindow(10*time.Millisecond, p.fixedRate)), "CPU µs/msg", "allocs/msg", "load %"}}
-	for _, f := range r.fixed {
-		win := strconv.Itoa(f.max10ms)
-		if f.max10ms > idealWindow(10*time.Millisecond, p.fixedRate) {
-			win += "*"
-		}
-		ft.add(f.name, strconv.Itoa(f.n), fmtRate(f.perSecond), fmtPct((f.perSecond-p.fixedRate)/p.fixedRate*100),
-			win, fmtUs(f.cpuPerMsg), fmt.Sprintf("%.1f", f.allocs), fmtLoad(f.load))
-	}
-	w("%s\n", ft.String())
-	w("Inside shaper's lanes (a wrapper around the lane's `Source` counts `Fetch` calls — each one a JetStream\n")
-	w("pull request with `sources.JetStream`, served from the client's buffer with the prototype; a wrapper around\n")
-	w("its precise waiter, passed with `drain.WithWaiter`, records how late each timed wait returned):\n\n")
-	iv := time.Duration(float64(time.Second) / p.fixedRate)
-	dt := table{head: []string{"lane", "Fetch calls", "msgs/Fetch", "timed waits", "late p50 µs", "late p99 µs", "late max µs",
-		"mean µs", "mean % of iv", fmt.Sprintf("> %s µs (1 %%)", fmtUs(iv/100)), fmt.Sprintf("> %s µs (0.9 iv)", fmtUs(time.Duration(0.9*float64(iv))))}}
-	for _, f := range r.fixed {
-		if !f.diag {
-			continue
-		}
-		dt.add(f.name, strconv.FormatInt(f.fetches, 10), fmt.Sprintf("%.1f", float64(f.n)/float64(max(1, f.fetches))),
-			strconv.Itoa(f.late.waits), fmtUs(f.late.p50), fmtUs(f.late.p99), fmtUs(f.late.max),
-			fmtUs(f.late.mean), fmtPct(f.late.meanPct), strconv.Itoa(f.late.over1pct), strconv.Itoa(f.late.over90pct))
-	}
-	w("%s\n", dt.String())
-	if len(r.thr) > 0 {
-		w("For scale: the bare `Consume` + `Ack` of section 3 costs %s µs of CPU per message at full speed.\n\n", fmtUs(r.thr[0].median().cpuPerMsg))
-	}
+	// 3., 4. (e2e_report.go)
+	w("%s", r.throughputMarkdown())
+	w("%s", r.fixedMarkdown())
 
 	// 5.
 	w("%s", r.memoryMarkdown())
@@ -310,23 +244,7 @@ func (r *Results) headlines() []string {
 				fmtInt(rate), fmtUs(cs[0].cpuPerDep), bestName, fmtUs(best), coreShare(cs[0])))
 		}
 	}
-	// Throughput.
-	if len(r.thr) >= 3 {
-		c, s := r.thr[0].median().perSecond, r.thr[2].median().perSecond
-		hs = append(hs, fmt.Sprintf("Throughput: shaper's lane %s msgs/s against a bare Consume + Ack ceiling of %s msgs/s: %s %% of the ceiling (target ≥ 80 %%); CPU per message %s µs against %s µs (medians; the machine is CPU-bound here, so the CPU ratio is the steadier figure).",
-			fmtRate(s), fmtRate(c), fmtPct(100*s/c), fmtUs(r.thr[2].median().cpuPerMsg), fmtUs(r.thr[0].median().cpuPerMsg)))
-	}
-	if len(r.fixed) > 0 {
-		f := r.fixed[0]
-		hs = append(hs, fmt.Sprintf("At %s/s end to end, shaper's lane achieves %s/s (%s %%); its waiter was late by %s µs on average, %s %% of an interval (the pacer makes up to %.0f %% of an interval per departure).",
-			fmtInt(p.fixedRate), fmtRate(f.perSecond), fmtPct((f.perSecond-p.fixedRate)/p.fixedRate*100), fmtUs(f.late.mean), fmtPct(f.late.meanPct), 100*(1-shaper.DefaultMinSpacing)))
-		var alt []string
-		for _, a := range r.fixed[1:] {
-			alt = append(alt, fmt.Sprintf("%s %s µs / %.0f", a.name, fmtUs(a.cpuPerMsg), a.allocs))
-		}
-		hs = append(hs, fmt.Sprintf("At %s/s, CPU and allocations per message (process total, nats-server included): shaper's lane %s µs / %.0f (%s Fetch calls, each a pull request, for %d messages); %s.",
-			fmtInt(p.fixedRate), fmtUs(f.cpuPerMsg), f.allocs, strconv.FormatInt(f.fetches, 10), f.n, strings.Join(alt, "; ")))
-	}
+	hs = append(hs, r.e2eHeadlines()...)
 	hs = append(hs, r.memoryHeadlines()...)
 	hs = append(hs, r.issue15Headlines()...) // sections 6, 9, 10
 	hs = append(hs, r.httpHeadlines()...)
@@ -441,33 +359,23 @@ cannot keep up at all; uber ratelimit with its default slack keeps the average o
    rates because it sleeps once per ~11 departures. Where ±1 ms is acceptable, TimerWaiter is cheaper
    and its rows show what it costs in rate.
 
-4. *End-to-end overhead of a lane at a fixed rate* (section 4) is higher than a hand-rolled Consume with a
-   limiter, in CPU and allocations per message, for reasons in drain/lane.go and sources/jetstream.go
-   rather than in the pacer:
-   - **One pull request per departure.** fetchLoop reserves every freed slot and calls Source.Fetch at
-     once; at a steady rate a slot frees per departure, so the lane issues about one JetStream pull
-     request per message (the *pull requests* columns). Each jetstream Fetch subscribes a new inbox,
-     allocates channels sized to the batch, sends a JSON request and unsubscribes. *Fix:* fetch only when
-     a meaningful share of the bucket is free (a low-water mark, e.g. min(capacity/4, 1 s of departures)),
-     or keep one long-lived pull subscription; the prototype row does the latter and shows the saving in
-     CPU and allocations (a product version must count the client's buffer against the bucket, G6, and
-     keep it small or in-progress-acked, G7).
-   - **A goroutine per departure.** runTask is a new goroutine (fine: G5 needs the task off the loop).
-     The precise waiter no longer adds one: one long-lived watcher per waiter turns the lane's wake
-     channel and its ctx into interrupts (no goroutine or context.AfterFunc per wait).
-   - **A fetch-loop wake-up per departure**, even with the in-memory source: every Pop signals Freed and
-     the fetch loop runs, reserves one slot and calls Fetch. The low-water mark above fixes both.
-   - Per task: context.WithTimeout (a runtime timer), shaper.WithWire (a context value and a closure),
-     and the Prometheus observations. Small each.
-   The in-memory-source row isolates the lane from NATS; the difference to the JetStream row is the
-   source's cost, the difference to the hand-rolled rows is the lane's.
+4. *End-to-end CPU per message at a fixed rate* (section 4; the profiles and each fix are in
+   docs/performance.md). On these virtual cores a message costs mostly wake-ups of threads, ~10–20 µs of
+   CPU each (the context switches per message of section 4's progress lines), not the lane's own code.
+   What issue 15 changed, each measured before and after: the acks of successful deliveries are sent in
+   batches (drain/ackbatch.go: after 10 ms, at 256, before every pull and at the end of a drain), which
+   saves the client's flusher wake-up, a write and the server's wake-ups per message (7.3 → 4.4 context
+   switches per message at 1,000/s); tasks run on reused worker goroutines (drain/workers.go: no stack
+   growth and no goroutine start per task); the fetch loop wakes once per low-water mark, not per
+   departure (shaper.Bucket.SetFreedThreshold). What is left above a bare consumer: the precise waiter's
+   spin (its last microseconds before each departure, the price of G1's precision; section 7) and the
+   task's hand-over to another thread (G5: a slow sink call must not delay the next departure). The
+   in-memory-source row isolates the lane from NATS.
 
-5. *Throughput ceiling* (section 3): at full speed the bucket empties faster than it fills, so the lane's
-   pull requests are large (see the column) and are not the limit. The lane's share of a bare Consume is
-   spent per departure: the bucket's and the lane's mutexes, four metric updates, and a goroutine with a
-   timeout context per task under max_in_flight 8 (a slot frees only when the task goroutine has run, so
-   the departure loop and the tasks hand the 2 Ps back and forth). It is far above any rate a rigid
-   downstream accepts.
+5. *Throughput ceiling* (section 3): at full speed the lane spends per message what the bare consumer
+   does, plus the bucket's and the lane's mutexes, the metric updates, a timeout context per task and the
+   hand-over from the departure loop to a worker; the profile of docs/performance.md names them. It is
+   far above any rate a rigid downstream accepts.
 
 6. *Spacing at the sink, not only at departure.* Section 4's window column is taken at the sink calls.
    A departure becomes a task goroutine, and a goroutine that starts late can run its Send right before

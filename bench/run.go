@@ -26,6 +26,18 @@ type Options struct {
 	// Only runs one section of issue 15 alone: idle, lanes or redis
 	// (-section; issue15.go).
 	Only string
+	// Section, when "throughput" or "e2e", runs section 3 or 4 alone
+	// (-section; e2e.go).
+	Section string
+	// FixedRates, when not empty, replaces the rates of section 4 (-rate).
+	FixedRates []float64
+	// FixedMsgs, when > 0, is the size of the streams of FixedRates (-msgs);
+	// OnlyRows keeps the rows of section 4 whose name contains it (-only).
+	FixedMsgs int
+	OnlyRows  string
+	// RowProfile, when set, writes a CPU profile of each row of section 4
+	// to RowProfile-<rate>-<row>.prof (-section e2e -cpuprofile).
+	RowProfile string
 }
 
 // busyLimit is the share of the machine used by other processes above which
@@ -96,7 +108,8 @@ type Results struct {
 	prec      map[float64][]precision // by rate, in the order of kinds
 	judged    map[float64][]judgement // by judge limit, in the order of kinds
 	thr       []thrRow
-	fixed     []endToEnd
+	fixed     []endToEnd // section 4 at plan.fixedRate
+	fixedAt   []fixedRun // section 4 at the other rates (e2e.go)
 	mem       []memoryRow
 	large     []largeRow   // section 5's large-payload cells
 	cpu       []cpuCell    // section 7
@@ -121,6 +134,9 @@ type thrRow struct {
 
 // median returns the repetition with the median rate.
 func (t thrRow) median() endToEnd {
+	if len(t.reps) == 0 { // left out (-only)
+		return endToEnd{name: t.name}
+	}
 	r := slices.Clone(t.reps)
 	slices.SortFunc(r, func(a, b endToEnd) int {
 		switch {
@@ -135,6 +151,9 @@ func (t thrRow) median() endToEnd {
 }
 
 func (t thrRow) spread() (lo, hi float64) {
+	if len(t.reps) == 0 {
+		return 0, 0
+	}
 	lo, hi = t.reps[0].perSecond, t.reps[0].perSecond
 	for _, r := range t.reps {
 		lo, hi = min(lo, r.perSecond), max(hi, r.perSecond)
@@ -207,6 +226,10 @@ func Run(opts Options) (*Results, error) {
 		return res, nil
 	}
 
+	if opts.Section != "" {
+		return res.runE2EOnly(quiet, logf)
+	}
+
 	// 1. Pacing precision.
 	for _, r := range p.rates {
 		for _, k := range res.kinds {
@@ -250,70 +273,12 @@ func Run(opts Options) (*Results, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
-	thr := newStream("BENCH", "bench")
-	t0 := time.Now()
-	if err := env.fill(ctx, thr, p.thrMsgs); err != nil {
-		return nil, fmt.Errorf("fill stream: %w", err)
+	// 3. Throughput ceiling; 4. overhead at fixed rates.
+	if err := res.runThroughput(ctx, env, quiet, logf); err != nil {
+		return nil, err
 	}
-	logf("published %d messages of %d bytes in %s", p.thrMsgs, payloadSize, time.Since(t0).Round(time.Millisecond))
-
-	// 3. Throughput ceiling.
-	res.thr = []thrRow{
-		{name: "nats.go Consume + Ack (ceiling)", note: "cons.Consume(handler), default PullMaxMessages 500; handler acks"},
-		{name: "nats.go Fetch(1000) loop + Ack", note: "one pull request of up to 1,000 at a time, like sources.JetStream"},
-		{name: "shaper lane, 1e6/s, no-op sink", note: "sources.NewJetStream + drain.New, defaults: capacity 1000, max_in_flight 8; limit 1e6/s, slack 1e6"},
-	}
-	for rep := range p.thrReps {
-		for i := range res.thr {
-			// Rotate the order so that no contender always runs first.
-			row := &res.thr[(i+rep)%len(res.thr)]
-			var r endToEnd
-			quiet()
-			switch {
-			case strings.HasPrefix(row.name, "nats.go Consume"):
-				r = env.runConsume(ctx, thr, row.name, nil, false)
-			case strings.HasPrefix(row.name, "nats.go Fetch"):
-				r = env.runFetch(ctx, thr, row.name)
-			default:
-				r = env.runLane(ctx, thr, row.name, 1e6, 1_000_000, false)
-			}
-			if r.err != nil {
-				res.problems = append(res.problems, fmt.Sprintf("throughput %s: %v", row.name, r.err))
-			}
-			row.reps = append(row.reps, r)
-			logf("throughput %-32s %8.0f msgs/s, cpu %s µs/msg", row.name, r.perSecond, fmtUs(r.cpuPerMsg))
-		}
-	}
-
 	logf("section 3 done at %s", time.Since(res.started).Round(time.Millisecond))
-
-	// 4. Overhead at a fixed rate, end to end.
-	fixed := newStream("FIXED", "fixed")
-	if err := env.fill(ctx, fixed, p.fixedMsgs); err != nil {
-		return nil, fmt.Errorf("fill stream: %w", err)
-	}
-	fr := p.fixedRate
-	for _, f := range []func() endToEnd{
-		func() endToEnd {
-			return env.runLane(ctx, fixed, "shaper lane", fr, 0, true)
-		},
-		func() endToEnd {
-			return env.runLanePull(ctx, fixed, "shaper lane, prototype persistent pull", fr)
-		},
-		func() endToEnd {
-			cfg := laneConfig("MEM", "mem.>", "none", fr, 0)
-			return runLaneOn(ctx, "shaper lane, in-memory source (no NATS)", cfg, newMemSource(p.fixedMsgs), p.fixedMsgs, true)
-		},
-		func() endToEnd {
-			return env.runConsume(ctx, fixed, "Consume + x/time/rate Wait + Ack", xrateWait(fr), true)
-		},
-		func() endToEnd {
-			return env.runConsume(ctx, fixed, "Consume + uber ratelimit Take + Ack", uberWait(fr), true)
-		},
-		func() endToEnd {
-			return env.runConsume(ctx, fixed, "Consume + uber WithoutSlack Take + Ack", uberWaitNoSlack(fr), true)
-		},
-	} {
+	retry := func(f func() endToEnd) endToEnd {
 		quiet()
 		r := f()
 		if again(r.load) && r.err == nil {
@@ -326,13 +291,11 @@ func Run(opts Options) (*Results, error) {
 				r = r2
 			}
 		}
-		if r.err != nil {
-			res.problems = append(res.problems, fmt.Sprintf("fixed rate %s: %v", r.name, r.err))
-		}
-		res.fixed = append(res.fixed, r)
-		logf("fixed rate %-40s %7.1f/s, cpu %s µs/msg, %.1f allocs/msg", r.name, r.perSecond, fmtUs(r.cpuPerMsg), r.allocs)
+		return r
 	}
-
+	if err := res.runFixed(ctx, env, retry, logf); err != nil {
+		return nil, err
+	}
 	logf("section 4 done at %s", time.Since(res.started).Round(time.Millisecond))
 
 	// 5. Memory of a full bucket (bench/memory.go).

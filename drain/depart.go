@@ -153,7 +153,7 @@ func (l *Lane) depart(m *shaper.Message, empty bool, ready, now, scheduled time.
 	l.m.BucketDepth.Set(float64(l.bucket.Len()))
 	l.m.InFlight.Inc()
 	l.tasks.Add(1)
-	go l.runTask(m)
+	l.startTask(m) // on a worker (workers.go)
 }
 
 // awaitConnected waits while the source reports it is disconnected; false
@@ -184,7 +184,7 @@ func (l *Lane) awaitHead(ctx context.Context) bool {
 	for {
 		if l.bucket.Peek() != nil {
 			// Expired messages at the head need no slot and no wait.
-			if l.sweepExpired(time.Now(), true) {
+			if l.expiryOn() && l.sweepExpired(time.Now(), true) {
 				continue
 			}
 			return true
@@ -221,10 +221,10 @@ func (l *Lane) popDeliverable(now time.Time) (*shaper.Message, bool) {
 // lane dead-letters messages as they pass max_age). It reports whether any
 // was removed.
 func (l *Lane) sweepExpired(now time.Time, headOnly bool) bool {
-	maxAge := l.conf().Bucket.MaxAge
-	if maxAge <= 0 && !l.deadlines.Load() { // no max_age, and no Shaper-Deadline seen
+	if !l.expiryOn() {
 		return false
 	}
+	maxAge := l.conf().Bucket.MaxAge
 	expired := func(m *shaper.Message) bool { return shaper.Expired(m, now, maxAge) }
 	var removed []*shaper.Message
 	var empty bool
@@ -247,6 +247,10 @@ func (l *Lane) sweepExpired(now time.Time, headOnly bool) bool {
 	}
 	return true
 }
+
+// expiryOn reports whether a message can expire: bucket.max_age is set, or
+// a message with a Shaper-Deadline was admitted.
+func (l *Lane) expiryOn() bool { return l.conf().Bucket.MaxAge > 0 || l.deadlines.Load() }
 
 // expire dead-letters m, which is older than maxAge or past its
 // Shaper-Deadline at now (shaper.Expired), with reason expired.

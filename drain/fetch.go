@@ -41,6 +41,7 @@ func (l *Lane) fetchLoop() {
 			}
 			continue
 		}
+		l.acks.flush() // before the pull: the server counts them out of max_ack_pending (ackbatch.go)
 		got := 0
 		err := l.src.Fetch(context.Background(), want, func(m *shaper.Message) {
 			got++

@@ -119,7 +119,9 @@ type Lane struct {
 	failures                        atomic.Int64 // failed attempts since the last warning
 	failureLogAt                    atomic.Int64 // unix ns of the last warning
 
-	dlLog deadLetterLog // rate limit of the dead-letter lines (deadletter_log.go)
+	dlLog   deadLetterLog // rate limit of the dead-letter lines (deadletter_log.go)
+	acks    ackBatch      // acks of successful deliveries, sent together (ackbatch.go)
+	workers workers       // the goroutines that run tasks (workers.go)
 }
 
 // New returns a lane named name for cfg, reading from src and delivering to
@@ -141,8 +143,11 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 		departDone: make(chan struct{}),
 		houseStop:  make(chan struct{}),
 		houseDone:  make(chan struct{}),
+		workers:    newWorkers(),
 	}
+	l.acks.send = l.sendAck
 	l.cfgp.Store(&cfg)
+	l.bucket.SetFreedThreshold(fetchLowWater(cfg.Bucket.Capacity)) // fetch.go
 	l.sinkp.Store(&sinkBox{sink})
 	for _, o := range opts {
 		o.apply(l)
@@ -228,6 +233,7 @@ func (l *Lane) Update(cfg config.Lane) error {
 	l.pacer.SetConfig(pc, now) // keeps the schedule and the credit (SPEC G2)
 	l.setQuota(cfg, now)
 	l.mu.Unlock()
+	l.bucket.SetFreedThreshold(fetchLowWater(cfg.Bucket.Capacity)) // before SetCapacity signals
 	l.bucket.SetCapacity(cfg.Bucket.Capacity)
 	l.slots.setLimit(cfg.Task.MaxInFlight)
 	l.updateBreaker(cfg, now)
@@ -338,6 +344,8 @@ func (l *Lane) Drain(ctx context.Context) Summary {
 	}
 	l.m.BucketDepth.Set(0)
 	l.tasks.Wait()
+	l.stopWorkers()
+	l.acks.flush() // every ack sent before Drain returns (the caller flushes the connection)
 	close(l.houseStop)
 	<-l.houseDone
 	if l.standby.done != nil {

@@ -30,7 +30,9 @@ func (l *Lane) runTask(m *shaper.Message) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.conf().Task.Timeout)
-	ctx = shaper.WithWire(ctx, func(t time.Time) { l.wired(m, t) })
+	if l.reportsWire { // only a WireReporter calls it (a closure and a context value per task otherwise)
+		ctx = shaper.WithWire(ctx, func(t time.Time) { l.wired(m, t) })
+	}
 	ctx = l.withRateLimitReport(ctx) // rate.adaptive.headers (adaptive.go)
 	start := time.Now()
 	err := l.sinkp.Load().s.Send(ctx, m)
@@ -54,14 +56,7 @@ func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
 	l.adaptRecord(err, time.Now()) // rate.adaptive (adaptive.go)
 	if err == nil {
 		l.recordDelivered(m) // before the ack (dedup.go)
-		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
-		aerr := m.Acker.Ack(ctx)
-		cancel()
-		if aerr != nil {
-			// The downstream has it; the server will redeliver after ack
-			// wait and the idempotency key (G8) lets the downstream dedupe.
-			l.log.Warn("ack failed", "msg_id", m.Key(), "err", aerr)
-		}
+		l.acks.add(m)        // sent with others (ackbatch.go)
 		l.delivered.Add(1)
 		l.m.Deliveries[shaper.OutcomeSuccess].Inc()
 		return

@@ -45,7 +45,8 @@ type Bucket struct {
 	reserved int // slots promised to a fetch in progress
 
 	nonEmpty chan struct{} // gets a token when a message is admitted
-	freed    chan struct{} // gets a token when a slot is freed
+	freed    chan struct{} // gets a token when a slot is freed (see freedAt)
+	freedAt  int           // a removal signals freed only from this many free slots on
 }
 
 // NewBucket returns an empty FIFO bucket holding at most capacity messages
@@ -62,7 +63,25 @@ func NewFairBucket(capacity int, keyOf func(*Message) string) *Bucket {
 		fq:       newFairQueue(keyOf != nil),
 		nonEmpty: make(chan struct{}, 1),
 		freed:    make(chan struct{}, 1),
+		freedAt:  1,
 	}
+}
+
+// SetFreedThreshold makes a removal (Pop, RemoveIf, DropHeadWhile) signal
+// Freed only when at least n slots are free afterwards, or the bucket is
+// empty (n ≤ 1: every removal, the default). A fetch loop that pulls only
+// once n slots are free then wakes once per n departures instead of once per
+// departure (issue 15: a wake-up per departure cost CPU for nothing).
+// Release and SetCapacity always signal.
+func (b *Bucket) SetFreedThreshold(n int) {
+	b.mu.Lock()
+	b.freedAt = max(1, n)
+	b.mu.Unlock()
+}
+
+// freedDue reports whether a removal signals Freed; call with b.mu held.
+func (b *Bucket) freedDue() bool {
+	return b.fq.n == 0 || b.capacity-b.fq.n-b.reserved >= b.freedAt
 }
 
 // Fair reports whether the bucket serves keys by round robin.
@@ -210,8 +229,11 @@ func (b *Bucket) Pop() (m *Message, nowEmpty bool) {
 	}
 	m = b.fq.pop(true)
 	nowEmpty = b.fq.n == 0
+	due := b.freedDue()
 	b.mu.Unlock()
-	notify(b.freed)
+	if due {
+		notify(b.freed)
+	}
 	return m, nowEmpty
 }
 
@@ -223,8 +245,9 @@ func (b *Bucket) RemoveIf(drop func(*Message) bool) (removed []*Message, nowEmpt
 	b.mu.Lock()
 	removed = b.fq.removeIf(drop)
 	nowEmpty = b.fq.n == 0
+	due := b.freedDue()
 	b.mu.Unlock()
-	if len(removed) > 0 {
+	if len(removed) > 0 && due {
 		notify(b.freed)
 	}
 	return removed, nowEmpty
@@ -242,8 +265,9 @@ func (b *Bucket) DropHeadWhile(drop func(*Message) bool) (removed []*Message, no
 		removed = append(removed, b.fq.pop(false))
 	}
 	nowEmpty = b.fq.n == 0
+	due := b.freedDue()
 	b.mu.Unlock()
-	if len(removed) > 0 {
+	if len(removed) > 0 && due {
 		notify(b.freed)
 	}
 	return removed, nowEmpty
@@ -266,7 +290,8 @@ func (b *Bucket) Each(fn func(*Message)) {
 // waiter must re-check Len after each token.
 func (b *Bucket) NonEmpty() <-chan struct{} { return b.nonEmpty }
 
-// Freed returns a channel that receives a token after a slot is freed.
+// Freed returns a channel that receives a token after a slot is freed (with
+// SetFreedThreshold, after a removal that leaves that many free).
 func (b *Bucket) Freed() <-chan struct{} { return b.freed }
 
 func notify(c chan struct{}) {

@@ -1,0 +1,39 @@
+package drain
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// TestLaneTasksReuseWorkers: departures hand their tasks to the goroutines
+// of earlier tasks instead of starting one each (workers.go); tasks that
+// overlap still run at once (G5), each on its own worker.
+func TestLaneTasksReuseWorkers(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		latency time.Duration // of each sink call; departures are 10 ms apart
+		max     int64         // workers started, at most
+	}{
+		{"tasks one after the other", time.Millisecond, 1},
+		{"three at once", 25 * time.Millisecond, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				sink := &recSink{behave: func(call) (time.Duration, error) { return tc.latency, nil }}
+				h := newHarness(t, laneConfig(100), sink)
+				h.src.Publish(50)
+				h.lane.Start()
+				time.Sleep(time.Second)
+				synctest.Wait()
+				h.stop(time.Second)
+				if n := len(sink.snapshot()); n != 50 {
+					t.Fatalf("%d delivered, want 50", n)
+				}
+				if n := h.lane.workers.started.Load(); n > tc.max || n < 1 {
+					t.Errorf("%d workers started for 50 tasks, want 1 to %d", n, tc.max)
+				}
+			})
+		})
+	}
+}
