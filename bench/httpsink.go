@@ -776,7 +776,7 @@ func (r *Results) httpMarkdown() string {
 				fmtUs(time.Duration((1-shaper.DefaultMinSpacing)*float64(time.Second)/httpRate)))
 		}
 	}
-	w("Where the lane is behind, docs/performance-http.md says why, from a profile (`go run ./bench -section http\n")
+	w("Where the lane is behind, docs/performance.md says why, from a profile (`go run ./bench -section http\n")
 	w("-cpuprofile FILE`, then `go tool pprof -tagfocus sender=lane-http -top FILE`; the labels are lane-http, bare,\n")
 	w("paced and lane-noop, in the order of the rows).\n\n")
 	return b.String()

@@ -244,7 +244,7 @@ func (r *Results) memoryMarkdown() string {
 	w("nats-server a child process the heap is shaper's and nats.go's alone (nats.go's client-side buffers\n")
 	w("count: the messages are fetched, not built); with the embedded server (the daemon's default) the server's\n")
 	w("own per-message state (pending and delivered tracking, ~80 bytes per message in the heap profile) and its\n")
-	w("block cache, which comes and goes, count too. What the bytes are: docs/performance-memory.md.\n\n")
+	w("block cache, which comes and goes, count too. What the bytes are: docs/performance.md.\n\n")
 	mt := table{head: []string{"messages held", "n", "heap bytes/msg", "of which payload", "bound", "× bound", "bound holds", "total MiB"}}
 	for _, m := range r.mem {
 		mt.add(m.name, fmtInt(float64(m.n)), fmt.Sprintf("%.0f", m.perMsg), strconv.Itoa(payloadSize), strconv.Itoa(memBound),
@@ -267,7 +267,7 @@ func (r *Results) memoryMarkdown() string {
 	w("asked for 150 MiB at once, the server disconnected it twice and 97 messages waited for their ack wait.\n")
 	w("*Server HWM* is the nats-server process's own peak, for scale (not in the bound). Without GOMEMLIMIT, Go's\n")
 	w("GC lets the heap grow by the live heap (GOGC=100) before it collects, so past ~64 MiB of payloads the\n")
-	w("headroom alone passes the bound: docs/performance-memory.md.\n\n")
+	w("headroom alone passes the bound: docs/performance.md.\n\n")
 	lt := table{head: []string{"capacity", "GOMEMLIMIT", "delivered", "took s", "peak RSS MiB", "bound MiB", "× bound", "RSS at start MiB", "peak heap in use MiB", "GCs", "slow consumer", "disconnects", "server HWM MiB", "bound holds"}}
 	for _, l := range r.large {
 		lim := l.MemLimit

@@ -10,7 +10,7 @@ import (
 // A Go map of one entry costs about 400 heap bytes (a map header and a group
 // of 8 slots), more than a 256-byte payload: a bucket of 100,000 messages
 // with one header each spent ~40 MiB on the maps alone (heap profile,
-// docs/performance-memory.md). A source may therefore keep a message's
+// docs/performance.md). A source may therefore keep a message's
 // headers packed into one string while it waits in the bucket (PackHeader);
 // the lane unpacks them into Header when the message departs
 // (UnpackHeader), so that sinks read Header as always. Before that, code

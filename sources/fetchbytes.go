@@ -7,7 +7,7 @@ package sources
 // max_pending of a client are 64 MiB by default). A pull of 300 messages of
 // 512 KiB (150 MiB) lost messages on the way (74 of them came back only
 // after the ack wait: section 5 of docs/BENCHMARKS.md,
-// docs/performance-memory.md); bounded by bytes, the lane pulls again at
+// docs/performance.md); bounded by bytes, the lane pulls again at
 // once for the slots still free (drain/fetch.go), so small messages are
 // not affected (1,000 messages of 16 KiB fit in one pull).
 const FetchBytes = 16 << 20

@@ -21,7 +21,7 @@ import (
 // (~112 bytes), its parsed header map (~450 bytes for one header: a Go map
 // is a group of 8 slots) and the wrapper (32 bytes), on top of shaper's own
 // Message: 1,343 heap bytes per queued 256-byte message in section 5 of
-// docs/BENCHMARKS.md (the heap profile is in docs/performance-memory.md).
+// docs/BENCHMARKS.md (the heap profile is in docs/performance.md).
 // A queued message now is, besides its payload, one allocation: jsMessage,
 // the shaper.Message (headers packed into one string,
 // shaper.Message.PackHeader) and the ack state. Three more things went:
@@ -44,7 +44,7 @@ import (
 // move the buffer into a larger size class; above it, objects are whole
 // 8 KiB pages, a header block costs at most one more page, and a copy would
 // double the garbage of every message (the 512 KiB cell of section 5 peaked
-// at 200 MiB RSS with copies, docs/performance-memory.md).
+// at 200 MiB RSS with copies, docs/performance.md).
 const copyMax = 32 << 10
 
 // jsMessage is a shaper.Message and its Acker in one allocation of 320
