@@ -142,15 +142,22 @@ func (l *Lane) wakeDepartures() {
 func (l *Lane) Purge(upTo uint64) int {
 	for cur := l.purgeUpTo.Load(); upTo > cur && !l.purgeUpTo.CompareAndSwap(cur, upTo); cur = l.purgeUpTo.Load() {
 	}
+	// The removal and the queueing of its dead letters happen under l.mu:
+	// the removal frees slots and wakes the fetch loop, whose admissions of
+	// messages under the purge queue theirs through l.purge, which takes
+	// l.mu too, and so come after these (the stream's order).
+	l.mu.Lock()
 	removed, empty := l.bucket.RemoveIf(func(m *shaper.Message) bool { return m.StreamSeq <= upTo })
 	if empty {
-		l.mu.Lock()
 		l.pacer.SetBusy(time.Now(), false)
-		l.mu.Unlock()
+	}
+	start := l.queuePurgedLocked(removed)
+	l.mu.Unlock()
+	if start {
+		l.startPurging()
 	}
 	l.m.BucketDepth.Set(float64(l.bucket.Len()))
 	if len(removed) > 0 {
-		l.purge(removed...)
 		l.log.Info("lane purged by operator", "dead_lettered", len(removed), "up_to_stream_seq", upTo)
 	}
 	return len(removed)
@@ -165,13 +172,28 @@ func (l *Lane) purged(m *shaper.Message) bool { return m.StreamSeq <= l.purgeUpT
 // the purged dead letters keeps the stream's order.
 func (l *Lane) purge(ms ...*shaper.Message) {
 	l.mu.Lock()
-	l.purgeQ = append(l.purgeQ, ms...)
-	start := !l.purging
-	l.purging = true
+	start := l.queuePurgedLocked(ms)
 	l.mu.Unlock()
-	if !start {
-		return
+	if start {
+		l.startPurging()
 	}
+}
+
+// queuePurgedLocked appends ms to the purge queue and reports whether the
+// goroutine that dead-letters it must be started; l.mu is held.
+func (l *Lane) queuePurgedLocked(ms []*shaper.Message) (start bool) {
+	if len(ms) == 0 {
+		return false
+	}
+	l.purgeQ = append(l.purgeQ, ms...)
+	start = !l.purging
+	l.purging = true
+	return start
+}
+
+// startPurging starts the goroutine that dead-letters the purge queue, one
+// message after the other, until it is empty.
+func (l *Lane) startPurging() {
 	l.tasks.Add(1)
 	go func() {
 		defer l.tasks.Done()

@@ -1,5 +1,12 @@
 package sources
 
+import (
+	"errors"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
 // FetchBytes bounds the bytes one pull request may bring (issue 15), 16 MiB:
 // a lane asks for as many messages as its bucket has free slots, and with
 // large messages that is more than the client and the server buffer for one
@@ -21,4 +28,27 @@ const FetchBytes = 16 << 20
 func pullMaxBytes(maxPayload int64) int {
 	const framing = 64 << 10
 	return max(FetchBytes, int(maxPayload)+framing)
+}
+
+// needsByteBudget reports whether a pull of max messages needs the byte
+// budget: only when its worst case, max messages of the server's
+// max_payload, could pass nats.go's pending-bytes limit of a subscription
+// (64 MiB), where the client drops messages and the server may drop the
+// client (C38). Below that a pull is asked for by count alone, as before
+// the budget: with a budget, the server ends every full pull with a 409
+// Batch Completed, which on a 3-node cluster reached the client before its
+// last messages (endedByBytes; TestClusterFailover).
+func needsByteBudget(max int, maxPayload int64) bool {
+	return int64(max)*maxPayload > nats.DefaultSubPendingBytesLimit
+}
+
+// endedByBytes reports whether err is the server's end of a pull with a
+// byte budget that is no failure: all the messages asked for were sent with
+// bytes to spare (409 Batch Completed), or the next message would not fit
+// in what is left (409 Message Size Exceeds MaxBytes; it fits a fresh
+// budget, pullMaxBytes). Taken as failures, they marked the source unbound
+// and set the lane's fetch back-off after every full pull under a backlog
+// (TestFetchFullBatchIsNoFailure).
+func endedByBytes(err error) bool {
+	return errors.Is(err, jetstream.ErrBatchCompleted) || errors.Is(err, jetstream.ErrMaxBytesExceeded)
 }

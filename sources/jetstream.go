@@ -295,8 +295,11 @@ func (s *JetStream) fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 		}
 		c = s.cons.Load()
 	}
-	batch, err := (*c).Fetch(max, s.fetchOpts(jetstream.FetchMaxWait(FetchExpiry),
-		jetstream.FetchMaxBytes(pullMaxBytes(s.js.Conn().MaxPayload())))...) // fetchbytes.go
+	opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(FetchExpiry)}
+	if mp := s.js.Conn().MaxPayload(); needsByteBudget(max, mp) { // fetchbytes.go
+		opts = append(opts, jetstream.FetchMaxBytes(pullMaxBytes(mp)))
+	}
+	batch, err := (*c).Fetch(max, s.fetchOpts(opts...)...)
 	if err != nil {
 		return s.fail(ctx, err)
 	}
@@ -313,7 +316,7 @@ func (s *JetStream) fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 		}
 		deliver(m)
 	}
-	if err := batch.Error(); err != nil {
+	if err := batch.Error(); err != nil && !endedByBytes(err) { // fetchbytes.go
 		s.notePin("", err)
 		if errors.Is(err, jetstream.ErrConsumerLeadershipChanged) {
 			return err // re-issued by Fetch; the consumer is still bound
