@@ -73,20 +73,7 @@ downstreams:
 	for i, c := range children {
 		fallback = append(fallback, fmt.Sprintf("replica %d: %d fallback lines", i, strings.Count(c.stderrText(), "global rate unavailable")))
 	}
-	for _, c := range children {
-		stopShaper(t, c, 15*time.Second)
-	}
-	reqs := down.requests()
-	ts := make([]time.Time, len(reqs))
-	for i, q := range reqs {
-		ts[i] = q.at
-	}
-	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
-	worst, _ := maxInWindow(ts, time.Second)
-	var maxGap time.Duration
-	for i := 1; i < len(ts); i++ {
-		maxGap = max(maxGap, ts[i].Sub(ts[i-1]))
-	}
+	ts, worst, maxGap := stopAndStamps(t, down, children) // e2e_sentinel_test.go
 	var around []string
 	for i, s := range stepped {
 		g, _ := largestGap(ts, s.Add(-time.Second), s.Add(3*time.Second))

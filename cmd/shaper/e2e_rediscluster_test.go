@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -132,20 +131,7 @@ downstreams:
 	for i, c := range children {
 		fallback = append(fallback, fmt.Sprintf("replica %d: %d fallback lines", i, strings.Count(c.stderrText(), "global rate unavailable")))
 	}
-	for _, c := range children {
-		stopShaper(t, c, 15*time.Second)
-	}
-	reqs := down.requests()
-	ts := make([]time.Time, len(reqs))
-	for i, q := range reqs {
-		ts[i] = q.at
-	}
-	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
-	worst, _ := maxInWindow(ts, time.Second)
-	var maxGap time.Duration
-	for i := 1; i < len(ts); i++ {
-		maxGap = max(maxGap, ts[i].Sub(ts[i-1]))
-	}
+	ts, worst, maxGap := stopAndStamps(t, down, children) // e2e_sentinel_test.go
 	span := ts[len(ts)-1].Sub(ts[0]).Seconds()
 	t.Logf("%d over %.2fs: %.1f/s; worst 1 s window %d; largest gap %v; %v", len(ts), span,
 		float64(len(ts)-1)/span, worst, maxGap.Round(time.Millisecond), fallback)

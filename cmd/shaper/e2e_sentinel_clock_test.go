@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -98,20 +97,7 @@ downstreams:
 			}
 		}
 	}
-	for _, c := range children {
-		stopShaper(t, c, 15*time.Second)
-	}
-	reqs := down.requests()
-	ts := make([]time.Time, len(reqs))
-	for i, q := range reqs {
-		ts[i] = q.at
-	}
-	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
-	worst, _ := maxInWindow(ts, time.Second)
-	var maxGap time.Duration
-	for i := 1; i < len(ts); i++ {
-		maxGap = max(maxGap, ts[i].Sub(ts[i-1]))
-	}
+	ts, worst, maxGap := stopAndStamps(t, down, children) // e2e_sentinel_test.go
 	var around []string
 	for _, e := range events {
 		g, _ := largestGap(ts, e.at.Add(-time.Second), e.at.Add(3*time.Second))

@@ -114,20 +114,7 @@ downstreams:
 			t.Errorf("replica %d: fallback logged %d times, gauge at 1 seen %v: each replica's fallback must be logged and shown", i, lines, sawFallback[i].Load())
 		}
 	}
-	for _, c := range children {
-		stopShaper(t, c, 15*time.Second)
-	}
-	reqs := down.requests()
-	ts := make([]time.Time, len(reqs))
-	for i, q := range reqs {
-		ts[i] = q.at
-	}
-	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
-	worst, _ := maxInWindow(ts, time.Second)
-	var maxGap time.Duration
-	for i := 1; i < len(ts); i++ {
-		maxGap = max(maxGap, ts[i].Sub(ts[i-1]))
-	}
+	ts, worst, maxGap := stopAndStamps(t, down, children) // e2e_sentinel_test.go
 	span := ts[len(ts)-1].Sub(ts[0]).Seconds()
 	t.Logf("%d over %.2fs: %.1f/s; worst 1 s window %d; largest gap %v; %v", len(ts), span,
 		float64(len(ts)-1)/span, worst, maxGap.Round(time.Millisecond), fallback)
@@ -159,4 +146,25 @@ func awaitMaster(t *testing.T, s *testserver.Sentinel, want string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// stopAndStamps stops the shaper processes children and returns what down
+// received: the arrivals' kernel stamps, sorted, the most of them in any
+// 1 s window, and the largest gap between two (the Redis failure tests).
+func stopAndStamps(t *testing.T, down *chaosDownstream, children []*child) (ts []time.Time, worst int, maxGap time.Duration) {
+	t.Helper()
+	for _, c := range children {
+		stopShaper(t, c, 15*time.Second)
+	}
+	reqs := down.requests()
+	ts = make([]time.Time, len(reqs))
+	for i, q := range reqs {
+		ts[i] = q.at
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	worst, _ = maxInWindow(ts, time.Second)
+	for i := 1; i < len(ts); i++ {
+		maxGap = max(maxGap, ts[i].Sub(ts[i-1]))
+	}
+	return ts, worst, maxGap
 }
