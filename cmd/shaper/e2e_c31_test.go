@@ -417,6 +417,9 @@ func c31NoneLost(t *testing.T, js jetstream.JetStream, stream, consumer string, 
 				delete(left, k)
 			}
 		}
+		if len(left) == 0 {
+			break
+		}
 		wait := time.Until(from.Add(within))
 		if wait < 100*time.Millisecond {
 			break
