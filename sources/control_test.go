@@ -17,9 +17,9 @@ import (
 // testJetStream starts an in-process NATS server with JetStream
 // (internal/testserver) and returns a JetStream context on it, connected as
 // the daemon connects; cleanups stop both.
-func testJetStream(t *testing.T) jetstream.JetStream {
+func testJetStream(t *testing.T, opts ...testserver.NATSOption) jetstream.JetStream {
 	t.Helper()
-	ns := testserver.NATS(t)
+	ns := testserver.NATS(t, opts...)
 	nc, err := Connect(ns.ClientURL(), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -19,16 +19,8 @@ import (
 // rest; a message larger than FetchBytes that the server accepts is still
 // delivered.
 func TestFetchBytes(t *testing.T) {
-	ns := testserver.NATS(t, testserver.WithMaxPayload(24<<20))
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testJetStream(t, testserver.WithMaxPayload(24<<20))
+	nc := js.Conn()
 	ctx := context.Background()
 	src, err := NewJetStream(ctx, js, JetStreamConfig{Stream: "BYTES", Subjects: []string{"bytes.>"}, Durable: "b",
 		AckWait: time.Minute, MaxAckPending: 100}, nil)
@@ -97,16 +89,7 @@ func TestFetchFullBatchIsNoFailure(t *testing.T) {
 	if endedByBytes(jetstream.ErrConsumerLeadershipChanged) || endedByBytes(nats.ErrNoResponders) {
 		t.Error("endedByBytes takes a failure for a full batch")
 	}
-	ns := testserver.NATS(t)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testJetStream(t)
 	ctx := context.Background()
 	src, err := NewJetStream(ctx, js, JetStreamConfig{Stream: "FULL", Subjects: []string{"full.>"}, Durable: "f",
 		AckWait: time.Minute, MaxAckPending: 100}, nil)

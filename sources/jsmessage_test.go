@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shaper-dev/shaper/internal/testserver"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -36,18 +35,10 @@ func TestJSMessageCompact(t *testing.T) {
 		{"ack subject v2", true, false}, // nats-server 2.14 writes no token after the numbers
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ns := testserver.NATS(t, func(o *server.Options) {
+			js := testJetStream(t, func(o *server.Options) {
 				o.FeatureFlags = map[string]bool{server.FeatureFlagJsAckFormatV2: tc.v2}
 			})
-			nc, err := nats.Connect(ns.ClientURL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(nc.Close)
-			js, err := jetstream.New(nc)
-			if err != nil {
-				t.Fatal(err)
-			}
+			nc := js.Conn()
 			ctx := context.Background()
 			if err := EnsureStream(ctx, js, "COMPACT", []string{"compact.>"}); err != nil {
 				t.Fatal(err)
