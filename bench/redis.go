@@ -310,9 +310,10 @@ func (r *Results) redisMarkdown() string {
 	w("%s\n", t.String())
 	for _, row := range r.redis {
 		if row.err == nil && row.achieved < 0.995*row.rate {
-			w("Where the aggregate falls short, docs/scaling.md (\"Slots dropped late\") explains it: a replica that\n")
-			w("wakes later than `shaper.SlotTolerance` after its slot drops it, so that the merged departures keep G1, and\n")
-			w("a slot nobody used is not given back. Late wake-ups of a loaded machine cost those slots.\n\n")
+			w("Where the aggregate falls short, docs/scaling.md (\"Late wake-ups\") explains it: a replica that\n")
+			w("wakes later than `shaper.SlotTolerance` after its slot drops it, so that the merged departures keep G1.\n")
+			w("The schedule makes a slot dropped up to an interval late up within `shaper.MakeUpLag`; a later wake-up,\n")
+			w("or more drops than the make-up can repay (1 − min_spacing of an interval per slot), still cost slots.\n\n")
 			break
 		}
 	}

@@ -75,11 +75,13 @@ func (e *QuotaWait) Error() string {
 	return "shared quota spent until " + e.Until.Format(time.RFC3339Nano)
 }
 
-// SlotReleaser is implemented by a GlobalSchedule with a shared quota that
-// can take back the count of a slot the lane dropped unused (a departure
-// woken later than shaper.SlotTolerance after it): Release says so, best
-// effort, so that the dropped slot does not spend the quota. The
-// schedule's time is not given back.
+// SlotReleaser is implemented by a GlobalSchedule that wants to know of a
+// slot the lane dropped unused (a departure woken later than
+// shaper.SlotTolerance after it): Release says so, best effort. The
+// schedule makes up the lost slot as a lane's own pacer makes up a late
+// departure (spacing the following slots closer, never in a burst, SPEC
+// G1), and a shared quota takes back the slot's count. Its time is never
+// given back as a burst.
 type SlotReleaser interface {
 	Release(ctx context.Context, slot time.Time, r SlotRequest) error
 }
@@ -170,13 +172,14 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 		if now.Sub(g.held) <= shaper.SlotTolerance(req.Interval, req.Slack, req.MinSpacing) {
 			return g.held, true
 		}
-		if rel, ok := g.g.(SlotReleaser); ok && req.QuotaCount > 0 {
-			// Not used: it must not spend the shared quota (quota.go).
+		if rel, ok := g.g.(SlotReleaser); ok {
+			// Not used: it is made up by the schedule when it was only a
+			// little late, and must not spend the shared quota (quota.go).
 			if err := rel.Release(ctx, g.held, req); err != nil {
 				l.log.Debug("dropped slot not released from the shared quota", "err", err)
 			}
 		}
-		g.held = time.Time{} // too late for it (a pause, a slow wire): not used, not given back
+		g.held = time.Time{} // too late for it (a late wake, a pause, a slow wire): not used
 	}
 	if g.fallback && now.Before(g.nextProbe) {
 		return now, true

@@ -442,3 +442,78 @@ func TestGlobalReturnEarnsNoCredit(t *testing.T) {
 		}
 	})
 }
+
+// releasingSchedule is a fakeSchedule that records the slots the lane
+// releases (SlotReleaser) and when.
+type releasingSchedule struct {
+	fakeSchedule
+	released []time.Time // the slots
+	lateness []time.Duration
+}
+
+func (f *releasingSchedule) Release(ctx context.Context, slot time.Time, r SlotRequest) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.released = append(f.released, slot)
+	f.lateness = append(f.lateness, time.Since(slot))
+	return nil
+}
+
+// lateWaiter is a TimerWaiter that wakes late by late on every third wait.
+type lateWaiter struct {
+	TimerWaiter
+	n    int
+	late time.Duration
+}
+
+func (w *lateWaiter) Wait(ctx context.Context, t time.Time, wake <-chan struct{}) (bool, error) {
+	w.n++
+	if w.n%3 == 0 {
+		t = t.Add(w.late)
+	}
+	return w.TimerWaiter.Wait(ctx, t, wake)
+}
+
+// TestGlobalLaneReleasesLateSlot: a lane that wakes for its slot later than
+// shaper.SlotTolerance (here 30 ms late on every third wait, at 10/s)
+// drops it and tells the schedule,
+// also without a shared quota, so that the schedule makes the slot up
+// (redisslots: the make-up of late wake-ups); the messages are all
+// delivered.
+func TestGlobalLaneReleasesLateSlot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := &releasingSchedule{}
+		sink := &slowWireSink{long: time.Millisecond, short: time.Millisecond}
+		cfg := laneConfig(10)
+		h := &harness{t: t, src: sourcetest.NewMem(cfg.Source.AckWait), dead: &recSink{}, reg: prometheus.NewRegistry()}
+		h.m = metrics.New(h.reg).Lane("test", 10)
+		l, err := New("test", cfg, h.src, sink, WithWaiter(&lateWaiter{late: 30 * time.Millisecond}), WithMetrics(h.m),
+			WithDeadLetter(h.dead), WithGlobal(g, 1), WithLogger(slog.New(slog.DiscardHandler)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.lane = l
+		h.src.Publish(10)
+		h.lane.Start()
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		h.stop(time.Second)
+		sink.mu.Lock()
+		if n := len(sink.departed); n != 10 {
+			t.Fatalf("%d delivered, want 10", n)
+		}
+		sink.mu.Unlock()
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if len(g.released) == 0 {
+			t.Fatalf("no slot released; %d reserved for 10 departures", g.reserves)
+		}
+		tol := shaper.SlotTolerance(100*time.Millisecond, 0, shaper.DefaultMinSpacing)
+		for i, late := range g.lateness {
+			if late <= tol {
+				t.Errorf("slot %v released %v after it, within its tolerance %v", g.released[i], late, tol)
+			}
+		}
+		t.Logf("%d slots reserved, %d released (lateness %v)", g.reserves, len(g.released), g.lateness)
+	})
+}

@@ -45,10 +45,13 @@ import (
 // lease are ordinary slots of the shared schedule (tat advances by
 // k×interval), so departures across all replicas still follow one GCRA
 // schedule. A slot that is not used in time is dropped, never given back
-// later as a burst: a departure may leave at most staleness (slack + 0.9
-// intervals) after its slot, which keeps every window of a whole number of
-// intervals within SPEC G1's bound (docs/scaling.md, "Guarantees and
-// allowances"; the lane applies the same rule to the slot it holds).
+// later as a burst: a departure may leave at most shaper.SlotTolerance
+// after its slot, which keeps SPEC G1's spacing and windows across the
+// replicas (docs/scaling.md, "Guarantees and allowances"; the lane applies
+// the same rule to the slot it holds). A slot dropped because its replica
+// woke up to an interval late is made up: the next reserve carries the
+// debt, and the script spaces the following slots closer until it is
+// repaid, within shaper.MakeUpLag (docs/scaling.md, "Late wake-ups").
 // The next lease is reserved in the background once half of the current
 // one is handed out (maybeAhead), so the round trip overlaps the wait for
 // the rest of it.
@@ -265,6 +268,17 @@ type LaneSlots struct {
 	aheadLease lease
 	aheadErr   error
 	pausedTo   time.Time // the latest shared pause this replica set (Pause)
+	// owed is the make-up this replica owes the schedule for the slots it
+	// dropped since its last reserve because it woke too late for them
+	// (Release, dropStale): sent with the next reserve, which repays it by
+	// spacing the following slots closer (redisslots.lua, ARGV[9]).
+	owed time.Duration
+	// owedComp is the schedule's comp at the earliest slot owed is for.
+	owedComp float64
+	// handed is the last slot Reserve handed out, at the schedule's comp
+	// handedComp: the slot the lane holds, which it may Release.
+	handed     time.Time
+	handedComp float64
 
 	calls atomic.Int64 // round trips (script runs), for benchmarks
 	// remaining is the shared quota's remainder at the last answer that
@@ -293,15 +307,56 @@ type lease struct {
 	first    time.Time
 	interval time.Duration
 	n, next  int
+	// comp is the schedule's make-up repaid so far at the first slot, and
+	// repay what each slot after it adds, microseconds (redisslots.lua).
+	comp, repay float64
 }
+
+// compAt is the schedule's comp at slot i of the lease.
+func (l *lease) compAt(i int) float64 { return l.comp + float64(i)*l.repay }
 
 func (l *lease) slot(i int) time.Time { return l.first.Add(time.Duration(i) * l.interval) }
 
-// dropStale skips the slots older than tol at now.
-func (l *lease) dropStale(now time.Time, tol time.Duration) {
+// dropStale skips the slots older than tol at now, and returns the make-up
+// they are owed (lateMakeUp).
+func (l *lease) dropStale(now time.Time, tol time.Duration) (owed time.Duration, comp float64) {
 	for l.next < l.n && now.Sub(l.slot(l.next)) > tol {
+		if m := lateMakeUp(now.Sub(l.slot(l.next)), l.interval, tol); m > 0 {
+			if owed == 0 {
+				comp = l.compAt(l.next)
+			}
+			owed += m
+		}
 		l.next++
 	}
+	return owed, comp
+}
+
+// owe adds the make-up m for dropped slots, the earliest of them at the
+// schedule's comp, to what is sent with the next reserve; s.mu is held.
+func (s *LaneSlots) owe(m time.Duration, comp float64) {
+	if m <= 0 {
+		return
+	}
+	if s.owed == 0 || comp < s.owedComp {
+		s.owedComp = comp
+	}
+	s.owed += m
+}
+
+// lateMakeUp is the make-up owed to the schedule for one slot of the
+// schedule at interval iv, dropped because its departure came late after
+// it (beyond the tolerance tol): the slot's interval, when the lateness is
+// within one interval past the tolerance — a waiter that woke late, a
+// short stall (SPEC G1: a waiter that wakes late must not cost rate) —
+// and nothing for a later one (a pause, a stall), which a lane's own
+// pacer forgives too (shaper.MakeUpLag). The schedule caps what it is
+// owed below one interval.
+func lateMakeUp(late, iv, tol time.Duration) time.Duration {
+	if late <= tol || late > tol+iv {
+		return 0
+	}
+	return iv
 }
 
 // leaseSize is k, the number of slots a call reserves at interval.
@@ -338,18 +393,15 @@ func (s *LaneSlots) Reserve(ctx context.Context, r drain.SlotRequest) (time.Time
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	tol := shaper.SlotTolerance(interval, r.Slack, r.MinSpacing)
-	s.lease.dropStale(s.r.clock(), tol)
+	s.owe(s.lease.dropStale(s.r.clock(), tol))
 	if s.lease.next >= s.lease.n && s.ahead != nil {
 		if err := s.adoptAhead(ctx); err != nil {
 			return time.Time{}, err // the shared quota is spent, or ctx ended
 		}
-		s.lease.dropStale(s.r.clock(), tol)
+		s.owe(s.lease.dropStale(s.r.clock(), tol))
 	}
 	if s.lease.next < s.lease.n {
-		t := s.lease.slot(s.lease.next)
-		s.lease.next++
-		s.maybeAhead(ctx, r)
-		return t, nil
+		return s.handOut(ctx, r), nil
 	}
 	next, err := s.reserve(ctx, r)
 	if err != nil && ctx.Err() == nil && retryOnce(err) { // retry.go
@@ -365,13 +417,26 @@ func (s *LaneSlots) Reserve(ctx context.Context, r drain.SlotRequest) (time.Time
 	s.lease = next
 	// A fresh lease is the schedule's own answer at this moment: when even
 	// its last slot looks stale (a round trip slower than the lag allows),
-	// that slot is still used rather than none.
-	s.lease.dropStale(s.r.clock(), tol)
-	s.lease.next = min(s.lease.next, s.lease.n-1)
+	// that slot is still used rather than none (and is owed nothing: the
+	// caller that finds it too late tells Release).
+	now := s.r.clock()
+	owed, comp := s.lease.dropStale(now, tol)
+	if s.lease.next >= s.lease.n {
+		s.lease.next = s.lease.n - 1
+		owed -= lateMakeUp(now.Sub(s.lease.slot(s.lease.next)), s.lease.interval, tol)
+	}
+	s.owe(owed, comp)
+	return s.handOut(ctx, r), nil
+}
+
+// handOut hands out the lease's next slot, remembering it for Release;
+// s.mu is held.
+func (s *LaneSlots) handOut(ctx context.Context, r drain.SlotRequest) time.Time {
 	t := s.lease.slot(s.lease.next)
+	s.handed, s.handedComp = t, s.lease.compAt(s.lease.next)
 	s.lease.next++
 	s.maybeAhead(ctx, r)
-	return t, nil
+	return t
 }
 
 // maybeAhead reserves the next lease in the background once half of the
@@ -494,13 +559,32 @@ func (s *LaneSlots) reserveUnlocking(ctx context.Context, r drain.SlotRequest, u
 	quota := r.QuotaCount > 0 && r.QuotaPer > 0
 	if quota {
 		args = append(args, strconv.Itoa(r.QuotaCount), us(r.QuotaPer), us(quotaGap(r)))
+	} else {
+		args = append(args, "0", "0", "0")
 	}
+	// The make-up owed for slots dropped late, repaid by the schedule up
+	// to what a lane's own pacer makes up (shaper.MakeUpLag, under one
+	// interval, so that every window keeps SPEC G1's bound).
+	owed, owedComp := s.owed, s.owedComp
+	s.owed, s.owedComp = 0, 0
+	args = append(args, us(owed), us(shaper.MakeUpLag(interval, max(0, r.Slack), r.MinSpacing)),
+		strconv.FormatFloat(owedComp, 'f', 3, 64))
 	reply, res, t0, t1, err := call("reserve", args...)
 	if err != nil {
 		return lease{}, err
 	}
 	start, now := reply[0], reply[1]
 	s.sync.observe(t0, t1, now)
+	spacing, comp, repay := interval, 0.0, 0.0
+	if len(res) >= 7 {
+		ivUS := float64(interval) / float64(time.Microsecond)
+		sp, perr := strconv.ParseFloat(res[5], 64)
+		c, cerr := strconv.ParseFloat(res[6], 64)
+		if perr != nil || cerr != nil || !(sp > 0) || sp > ivUS+1 || math.IsNaN(c) || math.IsInf(c, 0) {
+			return lease{}, fmt.Errorf("redis schedule %s: reserve: %w: %q", s.key, ErrRedisReply, res)
+		}
+		spacing, comp, repay = time.Duration(sp*float64(time.Microsecond)), c, max(0, ivUS-sp)
+	}
 	n := k
 	if quota {
 		granted, remaining, perr := quotaReply(res)
@@ -513,7 +597,7 @@ func (s *LaneSlots) reserveUnlocking(ctx context.Context, r drain.SlotRequest, u
 		}
 		n = min(granted, k)
 	}
-	return lease{first: s.sync.local(start), interval: interval, n: n}, nil
+	return lease{first: s.sync.local(start), interval: spacing, n: n, comp: comp, repay: repay}, nil
 }
 
 // quotaReply reads the granted count and the quota's remainder (the 4th
@@ -531,21 +615,28 @@ func quotaReply(res []string) (granted, remaining int, err error) {
 	return granted, remaining, nil
 }
 
-// Release tells the shared quota that the slot at slot (local time), which
-// Reserve gave under r, was dropped unused (drain.SlotReleaser): its grant
-// is taken out of the quota list, so that a replica that woke too late for
-// its slot does not spend the quota on a departure that never happened.
-// The schedule's time is not given back (no burst). Without a quota it does
-// nothing. An error means Redis failed; the grant then still counts.
+// Release tells the schedule that the slot at slot (local time), which
+// Reserve gave under r, was dropped unused (drain.SlotReleaser): the lane
+// woke later than shaper.SlotTolerance after it. When it was late by at
+// most one interval past the tolerance (a waiter that woke late, a short
+// stall: lateMakeUp), the slot's interval is owed to the schedule and sent
+// with the next reserve, which makes it up by spacing the following slots
+// closer, never in a burst (redisslots.lua, ARGV[9]); that costs no round
+// trip. With a shared quota, its grant is also taken out of the quota list
+// (a round trip), so that a replica that woke too late for its slot does
+// not spend the quota on a departure that never happened. An error means
+// Redis failed; the grant then still counts.
 func (s *LaneSlots) Release(ctx context.Context, slot time.Time, r drain.SlotRequest) error {
-	if r.QuotaCount <= 0 || r.QuotaPer <= 0 {
-		return nil
-	}
 	s.mu.Lock()
+	if r.Interval > 0 {
+		if slot.Equal(s.handed) { // else not the slot it holds: nothing is known of it
+			s.owe(lateMakeUp(s.r.clock().Sub(slot), r.Interval, shaper.SlotTolerance(r.Interval, r.Slack, r.MinSpacing)), s.handedComp)
+		}
+	}
 	set := s.sync.set
-	server := s.sync.server + float64(slot.Sub(s.sync.mid))/float64(time.Microsecond)
+	server := s.sync.serverMicros(slot)
 	s.mu.Unlock()
-	if !set {
+	if r.QuotaCount <= 0 || r.QuotaPer <= 0 || !set {
 		return nil
 	}
 	tol := float64(r.Interval) / float64(time.Microsecond) / 2
@@ -662,6 +753,12 @@ func (c *clockSync) uncertainty(at time.Time) time.Duration {
 }
 
 // local converts a server time (µs) to a local one.
+// serverMicros is the server's clock, in microseconds, at the local instant
+// t: the inverse of local.
+func (c *clockSync) serverMicros(t time.Time) float64 {
+	return c.server + float64(t.Sub(c.mid))/float64(time.Microsecond)
+}
+
 func (c *clockSync) local(server float64) time.Time {
 	return c.mid.Add(time.Duration((server - c.server) * float64(time.Microsecond)))
 }

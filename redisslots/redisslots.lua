@@ -4,7 +4,11 @@
 -- KEYS[1]  the lane's hash "{<prefix>:<lane>}:schedule" with fields
 --          tat   (theoretical time of the next free slot),
 --          pause (end of the shared pause) and
---          seen  (the server's now at the last reserve or pause),
+--          seen  (the server's now at the last reserve or pause) and
+--          owed  (the make-up owed for slots the replicas dropped because
+--                they woke too late for them, see ARGV[9]) and
+--          comp  (the make-up repaid so far, summed over the slots: the
+--                compression of the schedule up to tat),
 --          all in microseconds of this server's clock, as decimal text.
 -- KEYS[2]  the lane's quota list "{<prefix>:<lane>}:quota" (rate.quota with
 --          rate.global): the instants of the newest `count` slots granted,
@@ -26,9 +30,34 @@
 --                  least gap after slot j, so no window of `per` holds more
 --                  than count departures (the gap adds the margins of
 --                  shaper.QuotaMargin and of a slot used late)
---          returns {start, now, pause, granted, remaining}: the slots are
---          start + i*interval for i < granted (granted <= k: the quota may
---          cut a lease short); tat advances to start + granted*interval;
+--          ARGV[9] make-up owed, microseconds (>= 0, absent = 0): the
+--                  intervals of the slots a replica dropped since its last
+--                  call because it woke too late for them. It is added to
+--                  owed, which never exceeds ARGV[10] (under one interval:
+--                  shaper.MakeUpLag), and repaid by spacing the following
+--                  slots up to lag (ARGV[5]) closer than interval, as a
+--                  lane's own pacer makes up a late departure (SPEC G1: a
+--                  waiter that wakes late must not cost rate). A schedule
+--                  that fell behind now (idle, a stall beyond the lag) or
+--                  that a pause held forgets what it owed (SPEC G2).
+--          ARGV[10] the most owed may reach, microseconds (>= 0)
+--          ARGV[11] comp at the earliest of those dropped slots (the
+--                  seventh value of the answer that granted it, plus what
+--                  its lease repaid before it). The make-up is taken only as
+--                  far as the make-up repaid after that slot and the make-up
+--                  owed stay within ARGV[10] together: then no stretch of
+--                  the schedule between two of its slots holds more make-up
+--                  than ARGV[10] plus one interval per slot dropped inside
+--                  it, which keeps every window of a whole number of
+--                  intervals at W × limit + 1 (docs/scaling.md, "Late
+--                  wake-ups"). A replica reports its drop after the other
+--                  replicas took their next slots: what those slots repaid
+--                  is not repaid again.
+--          returns {start, now, pause, granted, remaining, spacing, comp}: the
+--          slots are start + i*spacing for i < granted (granted <= k: the
+--          quota may cut a lease short; spacing is interval less the
+--          make-up repaid per slot, comp the schedule's comp at the first
+--          slot); tat advances to start + granted*spacing;
 --          remaining is what the quota still allows in the window
 --          (now - per, now] after this grant, -1 without a quota.
 --          When the quota is spent (the count-th newest grant is gap old
@@ -38,7 +67,8 @@
 --          stays, so the wait earns no slots but the slack of an idle
 --          schedule (SPEC G2). Within an interval, the slot is granted at
 --          that instant instead.
--- pause    ARGV[2] length of the pause from now, microseconds (> 0)
+-- pause    ARGV[2] length of the pause from now, microseconds (> 0); the
+--          first reserve after it forgets what was owed (SPEC G2)
 --          returns {pause, now}
 -- release  ARGV[2] a slot's instant in microseconds, ARGV[3] a tolerance
 --          in microseconds (half an interval): the newest grant of the
@@ -75,10 +105,12 @@ if ARGV[1] == 'release' then
   end
   return {'0', string.format('%.0f', now)}
 end
-local st = redis.call('HMGET', key, 'tat', 'pause', 'seen')
+local st = redis.call('HMGET', key, 'tat', 'pause', 'seen', 'owed', 'comp')
 local tat = tonumber(st[1]) or 0
 local pause = tonumber(st[2]) or 0
 local seen = tonumber(st[3]) or 0
+local owed = tonumber(st[4]) or 0
+local comp = tonumber(st[5]) or 0
 -- The server's clock never goes back by itself: now < seen means it was
 -- stepped back (NTP, an operator, a failover to a server whose clock is
 -- behind). Move the schedule back by the step, so that it goes on from
@@ -96,7 +128,7 @@ if seen - now >= 1000 then
 end
 local function save()
   redis.call('HSET', key, 'tat', string.format('%.3f', tat), 'pause', string.format('%.3f', pause),
-    'seen', string.format('%.0f', now))
+    'seen', string.format('%.0f', now), 'owed', string.format('%.3f', owed), 'comp', string.format('%.3f', comp))
 end
 
 local function keep()
@@ -127,6 +159,21 @@ if not iv or iv <= 0 or not k or k < 1 or not slack or slack < 0 or not lag or l
   return redis.error_reply('ERR shaper: bad reserve arguments')
 end
 local start = math.max(tat, pause, now - math.max(slack * iv, lag))
+local add = tonumber(ARGV[9] or '0') or 0
+local cap = tonumber(ARGV[10] or '0') or 0
+local dcomp = tonumber(ARGV[11] or '0') or 0
+if add < 0 or cap < 0 then return redis.error_reply('ERR shaper: bad reserve arguments') end
+if start > tat then
+  owed = 0 -- the schedule fell behind now, or a pause held it: nothing is owed
+elseif add > 0 then
+  local room = cap - (comp - dcomp) - owed
+  if room > 0 then owed = owed + math.min(add, room) end
+end
+owed = math.min(owed, cap)
+-- The make-up repaid per slot of this lease: at most lag, so consecutive
+-- slots stay at least interval - lag apart (min_spacing).
+local repay = math.min(owed / k, lag)
+local sp = iv - repay
 local granted = k
 local remaining = -1
 local qcount = tonumber(ARGV[6] or '0') or 0
@@ -151,7 +198,7 @@ if qcount >= 1 and qper > 0 then
     local idx = n + j - qcount
     if idx < 0 then return nil end
     if idx < n then return tonumber(redis.call('LINDEX', qkey, idx)) + qgap end
-    return start + (idx - n) * iv + qgap
+    return start + (idx - n) * sp + qgap
   end
   local b0 = bound(0)
   if b0 and b0 > start then
@@ -169,17 +216,17 @@ if qcount >= 1 and qper > 0 then
   granted = 1
   while granted < k do
     local b = bound(granted)
-    if b and b > start + granted * iv then break end
+    if b and b > start + granted * sp then break end
     granted = granted + 1
   end
   for j = 0, granted - 1 do
     -- Whole microseconds, rounded up (a later instant only makes the quota
     -- stricter): Redis keeps integers in ~10 bytes a grant.
-    redis.call('RPUSH', qkey, string.format('%.0f', math.ceil(start + j * iv)))
+    redis.call('RPUSH', qkey, string.format('%.0f', math.ceil(start + j * sp)))
   end
   redis.call('LTRIM', qkey, -qcount, -1)
   -- The list binds nothing once its newest grant is gap old.
-  local life = start + (granted - 1) * iv + qgap - now
+  local life = start + (granted - 1) * sp + qgap - now
   if life < 0 then life = 0 end
   redis.call('PEXPIRE', qkey, string.format('%d', math.floor(life / 1000) + 60000))
   -- What remains: count less the grants in (now - per, now] or later.
@@ -194,8 +241,15 @@ if qcount >= 1 and qper > 0 then
   remaining = qcount - (len - out)
   if remaining < 0 then remaining = 0 end
 end
-tat = start + granted * iv
+tat = start + granted * sp
+local comp0 = comp
+if repay > 0 then
+  owed = owed - granted * repay
+  if owed < 0 then owed = 0 end
+  comp = comp + granted * repay
+end
 save()
 keep()
 return {string.format('%.3f', start), string.format('%.0f', now), string.format('%.3f', pause),
-  string.format('%d', granted), string.format('%d', remaining)}
+  string.format('%d', granted), string.format('%d', remaining), string.format('%.3f', sp),
+  string.format('%.3f', comp0)}

@@ -25,7 +25,8 @@ func interval(perSecond float64) time.Duration {
 
 // consume runs one replica's departure loop on ls until stop, as the lane
 // does (drain.Lane.globalAt): it reserves a slot, waits until it with w,
-// drops it when the wait woke too late for it, and records the slot and the
+// drops it when the wait woke too late for it (telling the schedule, which
+// makes it up), and records the slot and the
 // departure. offer (if > 0) spaces the attempts like a producer offering
 // that many per second: an attempt never starts before the previous one's
 // offer time.
@@ -56,7 +57,12 @@ func consume(ls *LaneSlots, req drain.SlotRequest, stop time.Time, offer time.Du
 		}
 		now := time.Now()
 		if now.Sub(s) > shaper.SlotTolerance(iv, req.Slack, req.MinSpacing) {
-			continue // woke too late for this slot: not used, not given back
+			// Woke too late for this slot: not used; the schedule makes
+			// it up (as the lane does: drain.SlotReleaser).
+			if err := ls.Release(ctx, s.Add(clockOffset), req); err != nil {
+				return slots, departures, err
+			}
+			continue
 		}
 		departures = append(departures, now)
 		slots = append(slots, s)
@@ -67,7 +73,10 @@ func consume(ls *LaneSlots, req drain.SlotRequest, stop time.Time, offer time.Du
 // TestRedisGCRATwoReplicas: two clients (two replicas) on one lane at
 // 150/s for 3 s: the shared schedule gives at most 151 slots in any 1 s
 // window (floor(W × limit) + 1, SPEC G1 across replicas), the departures
-// too, and the aggregate is at least 148/s.
+// too, and the aggregate is at least 148/s (a slot dropped after a late
+// wake-up is made up: 149.9–150.3/s quiet, 148.9–150.3/s beside a CPU hog;
+// before the make-up one CI run gave 146/s) and at most 0.5 % above the
+// limit (the make-up of one drop over the 3 s span adds up to 0.2 %).
 func TestRedisGCRATwoReplicas(t *testing.T) {
 	rd := startRedis(t)
 	iv := interval(150)
@@ -118,6 +127,9 @@ func TestRedisGCRATwoReplicas(t *testing.T) {
 		} else {
 			t.Errorf("aggregate %.2f/s, want ≥ 148/s", rate)
 		}
+	}
+	if rate > 150*1.005 {
+		t.Errorf("aggregate %.2f/s, want ≤ 150.75/s (SPEC G1: within 0.5 %%, neither above nor below)", rate)
 	}
 	if perClient[0] < 150 || perClient[1] < 150 {
 		t.Errorf("per replica %v: one replica starved", perClient)
@@ -282,7 +294,7 @@ func TestRedisScriptReloadAfterFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Close()
-	if got := rd.Do("EVALSHA", sha, "2", "{test:x}:schedule", "{test:x}:quota", "reserve", "10000", "1", "0", "0"); got != "*5" {
+	if got := rd.Do("EVALSHA", sha, "2", "{test:x}:schedule", "{test:x}:quota", "reserve", "10000", "1", "0", "0"); got != "*7" { // start, now, pause, granted, remaining, spacing, comp
 		t.Errorf("EVALSHA after the reload: %q", got)
 	}
 }

@@ -169,8 +169,9 @@ func makeUpFree(iv time.Duration, minSpacing float64) time.Duration {
 // SlotTolerance is how late after its slot of a schedule shared by
 // replicas (SPEC §3 Global rate) a departure may still leave: the slack's
 // credit plus SlotMakeUp. A slot used later than that is dropped, never
-// given back: the departures of all replicas then keep SPEC G1's windows and
-// spacing as one lane's would.
+// given back as a burst: the departures of all replicas then keep SPEC G1's
+// windows and spacing as one lane's would. (The shared schedule makes a
+// slot dropped after a late wake-up up within MakeUpLag: redisslots.)
 func SlotTolerance(iv time.Duration, slack int, minSpacing float64) time.Duration {
 	return time.Duration(slack)*iv + SlotMakeUp(iv, minSpacing)
 }

@@ -1,0 +1,194 @@
+package redisslots
+
+import (
+	"context"
+	"math"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shaper-dev/shaper/shaper"
+)
+
+// The make-up of slots dropped late (redisslots.lua, ARGV[9]–[11];
+// docs/scaling.md "Late wake-ups"), driven call by call against a real
+// redis-server: the replicas reserve round-robin far ahead of the server's
+// clock (a backlog), and a replica "wakes late" for a slot by reading a
+// clock set just past the slot's tolerance when it releases it (Release
+// makes no round trip without a quota, so the clock sync never sees that
+// clock). Slots are compared as server instants (each replica's own
+// conversion undone), so the replicas' clock conversions do not enter.
+
+// makeUpRun is one replica in a makeUpScene.
+type makeUpRun struct {
+	ls    *LaneSlots
+	shift *atomic.Int64 // added to time.Now by this replica's clock
+	held  time.Time
+	at    float64 // held as a server instant, converted when granted
+}
+
+// makeUpScene reserves rounds × len(reps) slots at interval iv round-robin;
+// drop(round, replica) says whether that replica drops the slot it holds
+// (late by half an interval past the tolerance) before it reserves again.
+// It returns the server instants of the slots used and of all slots
+// granted, sorted, and the number dropped.
+func makeUpScene(t *testing.T, replicas, rounds int, iv time.Duration, drop func(round, replica int) bool,
+	between func(round int, reps []*makeUpRun)) (used, granted []float64, dropped int) {
+	t.Helper()
+	rd := startRedis(t)
+	ctx := context.Background()
+	req := slotReq(iv)
+	tol := shaper.SlotTolerance(iv, req.Slack, req.MinSpacing)
+	var reps []*makeUpRun
+	for range replicas {
+		shift := new(atomic.Int64)
+		rs := newSlots(t, rd.Addr, WithRedisClock(func() time.Time { return time.Now().Add(time.Duration(shift.Load())) }))
+		reps = append(reps, &makeUpRun{ls: rs.Lane("makeup"), shift: shift})
+	}
+	server := func(r *makeUpRun, at time.Time) float64 {
+		r.ls.mu.Lock()
+		defer r.ls.mu.Unlock()
+		return r.ls.sync.serverMicros(at)
+	}
+	for round := range rounds {
+		if between != nil {
+			between(round, reps)
+		}
+		for i, r := range reps {
+			if !r.held.IsZero() {
+				if drop(round, i) {
+					r.shift.Store(int64(time.Until(r.held) + tol + iv/2))
+					if err := r.ls.Release(ctx, r.held, req); err != nil {
+						t.Fatal(err)
+					}
+					r.shift.Store(0)
+					dropped++
+				} else {
+					used = append(used, r.at)
+				}
+			}
+			s, err := r.ls.Reserve(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Converted back at once, with the clock sync that converted it
+			// (a later round trip may move the sync's anchor by a few µs).
+			r.held, r.at = s, server(r, s)
+			granted = append(granted, r.at)
+		}
+	}
+	for _, r := range reps {
+		used = append(used, r.at)
+	}
+	slices.Sort(used)
+	slices.Sort(granted)
+	return used, granted, dropped
+}
+
+// quantum is the resolution of the script's instants: Lua keeps the
+// server's microseconds (1.8e15 in 2026) in doubles, whose step there is
+// 0.25 µs, and tat advances by rounded sums (at most half a step a slot).
+const quantum = 0.25
+
+// checkMadeUpWindows: consecutive used slots are at least min_spacing
+// intervals apart, and every closed window of n intervals (n up to 300)
+// holds at most n + 1 of them (SPEC G1). µs are the server's.
+func checkMadeUpWindows(t *testing.T, used []float64, iv time.Duration) {
+	t.Helper()
+	ivUS := float64(iv) / float64(time.Microsecond)
+	const eps = quantum
+	for i := 1; i < len(used); i++ {
+		if g := used[i] - used[i-1]; g < shaper.DefaultMinSpacing*ivUS-eps {
+			t.Errorf("slots %d and %d are %.3f µs apart, under min_spacing × interval (%.3f µs)", i-1, i, g, shaper.DefaultMinSpacing*ivUS)
+		}
+	}
+	for n := 1; n <= 300; n++ {
+		w := float64(n) * ivUS
+		for i, j := 0, 0; i < len(used); i++ {
+			for j < len(used) && used[j]-used[i] <= w+eps {
+				j++
+			}
+			if j-i > n+1 {
+				t.Fatalf("%d slots in the closed window of %d intervals from slot %d, bound %d", j-i, n, i, n+1)
+			}
+		}
+	}
+}
+
+// TestRedisLateDropMadeUp: a replica that drops its slot because it woke
+// too late for it costs the schedule almost nothing: the slots after it are
+// spaced min_spacing closer until MakeUpLag (0.9 interval) is made up, so
+// after the drop the schedule is back within 0.1 interval of where it
+// would have been had the slot been used; spacing and windows keep SPEC G1.
+// Three drops in a row (three replicas, each dropping once) are made up
+// only to MakeUpLag together, never as a burst.
+func TestRedisLateDropMadeUp(t *testing.T) {
+	iv := interval(150)
+	ivUS := float64(iv) / float64(time.Microsecond)
+	lag := float64(shaper.MakeUpLag(iv, 0, shaper.DefaultMinSpacing)) / float64(time.Microsecond)
+	t.Run("one drop", func(t *testing.T) {
+		used, granted, dropped := makeUpScene(t, 2, 40, iv, func(round, i int) bool { return round == 5 && i == 0 }, nil)
+		if dropped != 1 {
+			t.Fatalf("%d drops, want 1", dropped)
+		}
+		checkMadeUpWindows(t, used, iv)
+		// The last slot, against the grid of all the slots granted.
+		made := float64(len(granted)-1)*ivUS - (granted[len(granted)-1] - granted[0])
+		t.Logf("%d slots granted, %d used; made up %.1f µs (MakeUpLag %.1f µs, an interval %.1f µs)", len(granted), len(used), made, lag, ivUS)
+		if math.Abs(made-lag) > float64(len(granted))*quantum/2 {
+			t.Errorf("made up %.1f µs for the dropped slot, want MakeUpLag = %.1f µs", made, lag)
+		}
+	})
+	t.Run("three drops at once", func(t *testing.T) {
+		used, granted, dropped := makeUpScene(t, 3, 60, iv, func(round, i int) bool { return round == 5 }, nil)
+		if dropped != 3 {
+			t.Fatalf("%d drops, want 3", dropped)
+		}
+		checkMadeUpWindows(t, used, iv)
+		made := float64(len(granted)-1)*ivUS - (granted[len(granted)-1] - granted[0])
+		t.Logf("made up %.1f µs for three drops", made)
+		if made > lag+float64(len(granted))*quantum/2 {
+			t.Errorf("made up %.1f µs for three drops in a row, want at most MakeUpLag = %.1f µs", made, lag)
+		}
+	})
+	// A replica reports its drop after the three others took their next
+	// slots, which repaid part of what an earlier drop was owed: what they
+	// repaid is not owed again, so the stretch after the dropped slot
+	// holds at most MakeUpLag of make-up (else a window of n intervals held
+	// n + 2 slots).
+	t.Run("late reports", func(t *testing.T) {
+		used, _, dropped := makeUpScene(t, 4, 60, iv, func(round, i int) bool { return i == 0 && round >= 3 && round <= 6 }, nil)
+		if dropped != 4 {
+			t.Fatalf("%d drops, want 4", dropped)
+		}
+		checkMadeUpWindows(t, used, iv)
+	})
+	// A shared pause forgets what was owed (SPEC G2: a pause earns no
+	// credit): the slots after it are a whole interval apart.
+	t.Run("pause forgets", func(t *testing.T) {
+		used, _, _ := makeUpScene(t, 2, 30, iv, func(round, i int) bool { return round == 5 && i == 0 },
+			func(round int, reps []*makeUpRun) {
+				if round == 7 { // after the report (round 6), before most of the repayment
+					if err := reps[1].ls.Pause(context.Background(), time.Now().Add(2*time.Second)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			})
+		checkMadeUpWindows(t, used, iv)
+		n := 0
+		for i := 1; i < len(used); i++ {
+			if g := used[i] - used[i-1]; g > 100*ivUS { // the pause
+				n = i
+			}
+		}
+		if n == 0 {
+			t.Fatal("no pause among the slots")
+		}
+		for i := n + 1; i < len(used); i++ {
+			if g := used[i] - used[i-1]; math.Abs(g-ivUS) > quantum {
+				t.Errorf("after the pause, slots %d and %d are %.3f µs apart, want one interval (%.3f): the pause earned make-up", i-1, i, g, ivUS)
+			}
+		}
+	})
+}
