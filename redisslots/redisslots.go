@@ -160,11 +160,15 @@ func universalOptions(cfg config.Redis) (*redis.UniversalOptions, error) {
 		// One attempt per call, bounded by the timeout: a retried
 		// reservation would only take slots nobody uses, and a slow
 		// Redis must turn into the local fallback quickly.
+		// Each call's own deadline is its context's (runAll: the timeout,
+		// or retryTimeouts × it for the retry); the socket deadlines only
+		// bound calls made without one (go-redis takes the earlier of the
+		// two), so they allow the retry's.
 		MaxRetries:            -1,
 		DialerRetries:         1,
 		DialTimeout:           timeout,
-		ReadTimeout:           timeout,
-		WriteTimeout:          timeout,
+		ReadTimeout:           retryTimeouts * timeout,
+		WriteTimeout:          retryTimeouts * timeout,
 		PoolTimeout:           timeout,
 		ContextTimeoutEnabled: true,
 		DisableIdentity:       true,
@@ -379,8 +383,9 @@ func leaseSize(interval time.Duration) int {
 // maybeAhead). An error means Redis failed or
 // did not answer within the timeout: no slot is given, the caller paces
 // locally. A call that times out, or whose connection broke, is tried once
-// more before Reserve gives up (retryOnce), so Reserve returns within about
-// twice the timeout (at once when the connection is refused). When the
+// more, with retryTimeouts × the timeout, before Reserve gives up
+// (retryOnce), so Reserve returns within about seven times the timeout (at
+// once when the connection is refused). When the
 // shared quota is spent the error is a *drain.QuotaWait with the local
 // instant at which the oldest counted slot leaves the window: no slot was
 // taken, ask again then. A lease is cut short where the quota would be
@@ -408,8 +413,9 @@ func (s *LaneSlots) Reserve(ctx context.Context, r drain.SlotRequest) (time.Time
 		// One late answer (a stall of this process or of Redis), or a
 		// connection a failover broke, is not an outage: falling back while
 		// the other replicas still reach Redis would add this replica's
-		// fallback rate on top of the limit.
-		next, err = s.reserve(ctx, r)
+		// fallback rate on top of the limit. It gets a longer deadline
+		// (retryTimeouts: a failover's pause of the old master's clients).
+		next, err = s.reserve(asRetry(ctx), r)
 	}
 	if err != nil {
 		return time.Time{}, err
@@ -567,6 +573,14 @@ func (s *LaneSlots) reserveUnlocking(ctx context.Context, r drain.SlotRequest, u
 	// interval, so that every window keeps SPEC G1's bound).
 	owed, owedComp := s.owed, s.owedComp
 	s.owed, s.owedComp = 0, 0
+	if quota {
+		// No make-up under a shared quota: each window's grants replay
+		// the last window's, so a compressed stretch came back as a wait
+		// in the next window (TestGlobalQuotaTwoReplicas: 8 waits a
+		// replica instead of 4, in 1 run of 5); a dropped slot gives its
+		// quota back instead (Release).
+		owed = 0
+	}
 	args = append(args, us(owed), us(shaper.MakeUpLag(interval, max(0, r.Slack), r.MinSpacing)),
 		strconv.FormatFloat(owedComp, 'f', 3, 64))
 	reply, res, t0, t1, err := call("reserve", args...)
@@ -697,7 +711,7 @@ func (s *LaneSlots) run(ctx context.Context, op string, args ...string) (out [2]
 
 // runAll is run that also returns the whole answer.
 func (s *LaneSlots) runAll(ctx context.Context, op string, args ...string) (out [2]float64, res []string, t0, t1 time.Time, err error) {
-	ctx, cancel := context.WithTimeout(ctx, s.r.timeout)
+	ctx, cancel := context.WithTimeout(ctx, callTimeout(ctx, s.r.timeout))
 	defer cancel()
 	argv := make([]any, 0, len(args)+1)
 	argv = append(argv, op)

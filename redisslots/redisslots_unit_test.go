@@ -105,7 +105,7 @@ func TestUniversalOptions(t *testing.T) {
 				}
 			}
 			if uo.Username != tc.user || uo.Password != tc.pass || uo.DB != tc.db || (uo.TLSConfig != nil) != tc.tls ||
-				uo.MasterName != tc.master || uo.MaxRetries != -1 || uo.ReadTimeout != 50*time.Millisecond || !uo.ContextTimeoutEnabled {
+				uo.MasterName != tc.master || uo.MaxRetries != -1 || uo.DialTimeout != 50*time.Millisecond || uo.ReadTimeout != retryTimeouts*50*time.Millisecond || !uo.ContextTimeoutEnabled {
 				t.Errorf("options %+v", uo)
 			}
 			c := redis.NewUniversalClient(uo)

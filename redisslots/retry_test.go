@@ -83,3 +83,29 @@ func TestReserveSurvivesBrokenConnection(t *testing.T) {
 		t.Fatal("Reserve did not return within 3 s")
 	}
 }
+
+// TestReserveWaitsOutAFailoverPause: a manual CLUSTER FAILOVER pauses the
+// old master's writes until its replica caught up (CLIENT PAUSE WRITE, as
+// here for 120 ms, more than the 50 ms timeout): the call times out, and
+// the retry, given retryTimeouts × the timeout, gets the slot, so the lane
+// does not fall back alone (TestGlobalRateRedisCluster saw 73 in a 1 s
+// window of a 50/s lane when it did).
+func TestReserveWaitsOutAFailoverPause(t *testing.T) {
+	r := startRedis(t)
+	lane := newSlots(t, r.Addr).Lane("paused") // timeout 50 ms
+	ctx := context.Background()
+	req := slotReq(20 * time.Millisecond)
+	if _, err := lane.Reserve(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Do("CLIENT", "PAUSE", "120", "WRITE"); got != "+OK" {
+		t.Fatalf("CLIENT PAUSE: %q", got)
+	}
+	start := time.Now()
+	_, err := lane.Reserve(ctx, req)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("Reserve during a 120 ms write pause: %v after %v; want a slot from the retry", err, took)
+	}
+	t.Logf("slot after %v", took)
+}
