@@ -46,11 +46,6 @@ func makeUpScene(t *testing.T, replicas, rounds int, iv time.Duration, drop func
 		rs := newSlots(t, rd.Addr, WithRedisClock(func() time.Time { return time.Now().Add(time.Duration(shift.Load())) }))
 		reps = append(reps, &makeUpRun{ls: rs.Lane("makeup"), shift: shift})
 	}
-	server := func(r *makeUpRun, at time.Time) float64 {
-		r.ls.mu.Lock()
-		defer r.ls.mu.Unlock()
-		return r.ls.sync.serverMicros(at)
-	}
 	for round := range rounds {
 		if between != nil {
 			between(round, reps)
@@ -74,7 +69,7 @@ func makeUpScene(t *testing.T, replicas, rounds int, iv time.Duration, drop func
 			}
 			// Converted back at once, with the clock sync that converted it
 			// (a later round trip may move the sync's anchor by a few µs).
-			r.held, r.at = s, server(r, s)
+			r.held, r.at = s, serverMicros(r.ls, s)
 			granted = append(granted, r.at)
 		}
 	}

@@ -76,9 +76,15 @@ func consume(ls *LaneSlots, req drain.SlotRequest, stop time.Time, offer time.Du
 // schedule, without the replicas' conversion errors (up to half a round
 // trip each, some 100 µs under -race on a loaded machine).
 func serverTime(ls *LaneSlots, at time.Time) time.Time {
+	return time.Unix(0, int64(serverMicros(ls, at)*1000))
+}
+
+// serverMicros is serverTime in the server's microseconds (to its 0.25 µs
+// step, without a round to nanoseconds).
+func serverMicros(ls *LaneSlots, at time.Time) float64 {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	return time.Unix(0, int64(ls.sync.serverMicros(at)*1000))
+	return ls.sync.serverMicros(at)
 }
 
 // TestRedisGCRATwoReplicas: two clients (two replicas) on one lane at
