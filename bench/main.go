@@ -27,6 +27,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 )
@@ -50,7 +51,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	only := fs.String("only", "", "with -section e2e or throughput: run only the contenders whose name contains this")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (runtime/pprof) to this file; with -section e2e, one per row: FILE-<rate>-<row>.prof")
 	largeChildArg := fs.String("large-child", "", "internal: run one large-payload cell of section 5 (JSON) and print its result")
-	memprofile := fs.String("memprofile", "", "with -section memory: write a heap profile (every allocation sampled) taken while the JetStream-fed bucket is full")
+	memprofile := fs.String("memprofile", "", "with -section memory: write a heap profile (every allocation sampled) taken while the JetStream-fed bucket is full; with -section throughput: an allocation profile of the run (go tool pprof -sample_index=alloc_objects)")
 	var prof string
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -78,8 +79,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bench: -rate needs -section e2e and a positive rate")
 		return 2
 	}
-	if *memprofile != "" && *section != "memory" {
-		fmt.Fprintln(stderr, "bench: -memprofile needs -section memory")
+	if *memprofile != "" && *section != "memory" && *section != "throughput" {
+		fmt.Fprintln(stderr, "bench: -memprofile needs -section memory or throughput")
 		return 2
 	}
 	if *section == "memory" {
@@ -125,6 +126,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		return 0
+	}
+	if *memprofile != "" && *section == "throughput" {
+		// An allocation profile of the run: which calls allocate per message.
+		runtime.MemProfileRate = 4096
+		defer writeAllocProfile(*memprofile, stderr)
 	}
 	if *section == "throughput" || *section == "e2e" {
 		opts := Options{Quick: *quick, Section: *section, Progress: stderr, RowProfile: prof}
@@ -196,5 +202,18 @@ func moduleRoot() (string, error) {
 		if filepath.Dir(d) == d {
 			return "", fmt.Errorf("no go.mod above %s: pass -out", dir)
 		}
+	}
+}
+
+// writeAllocProfile writes the allocation profile of the run so far to path
+// (-section throughput -memprofile).
+func writeAllocProfile(path string, stderr io.Writer) {
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.Lookup("allocs").WriteTo(f, 0)
+		f.Close()
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
 	}
 }

@@ -102,4 +102,8 @@ func TestPackedHeaderSize(t *testing.T) {
 	if allocs := testing.AllocsPerRun(100, func() { _, _ = m.HeaderValue(MsgIDHeader) }); allocs != 0 {
 		t.Errorf("HeaderValue: %v allocations, want 0", allocs)
 	}
+	// The lane reads the timing headers of every admitted message.
+	if allocs := testing.AllocsPerRun(100, func() { _, _ = TimingOfMessage(&m) }); allocs != 0 {
+		t.Errorf("TimingOfMessage without timing headers: %v allocations, want 0", allocs)
+	}
 }

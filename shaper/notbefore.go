@@ -83,35 +83,50 @@ type Timing struct {
 // such a message with reason "invalid" (SPEC §3). A header given twice with
 // different values is an error too: which one the producer meant is unknown.
 func TimingOf(h map[string][]string) (Timing, error) {
-	return timingFrom(func(name string) []string { return headerValues(h, name) })
+	return timingFrom(h, nil)
 }
 
 // TimingOfMessage is TimingOf of m's headers, packed or not (PackHeader):
 // the lane reads them at admission, while they may still be packed.
-func TimingOfMessage(m *Message) (Timing, error) { return timingFrom(m.HeaderValues) }
+// It allocates nothing for a message without these headers (the lane calls
+// it for every admitted message; issue 15).
+func TimingOfMessage(m *Message) (Timing, error) { return timingFrom(nil, m) }
 
-func timingFrom(headerValues func(name string) []string) (Timing, error) {
-	var t Timing
-	for _, f := range []struct {
-		name string
-		to   *time.Time
-	}{{NotBeforeHeader, &t.NotBefore}, {DeadlineHeader, &t.Deadline}} {
-		vals := headerValues(f.name)
-		if len(vals) == 0 {
-			continue
-		}
-		for _, v := range vals[1:] {
-			if v != vals[0] {
-				return Timing{}, fmt.Errorf("header %s: %d different values", f.name, len(vals))
-			}
-		}
-		at, err := ParseInstant(vals[0])
-		if err != nil {
-			return Timing{}, fmt.Errorf("header %s: %w", f.name, err)
-		}
-		*f.to = at
+// timingFrom reads the timing headers of m when m is not nil, else of h.
+// (Two arguments rather than a lookup function: a method value passed as a
+// func would be allocated on every call.)
+func timingFrom(h map[string][]string, m *Message) (t Timing, err error) {
+	if t.NotBefore, err = instantHeader(h, m, NotBeforeHeader); err != nil {
+		return Timing{}, err
+	}
+	if t.Deadline, err = instantHeader(h, m, DeadlineHeader); err != nil {
+		return Timing{}, err
 	}
 	return t, nil
+}
+
+// instantHeader parses header name of m (when not nil) or h as an instant
+// (ParseInstant); zero when it is absent.
+func instantHeader(h map[string][]string, m *Message, name string) (time.Time, error) {
+	var vals []string
+	if m != nil {
+		vals = m.HeaderValues(name)
+	} else {
+		vals = headerValues(h, name)
+	}
+	if len(vals) == 0 {
+		return time.Time{}, nil
+	}
+	for _, v := range vals[1:] {
+		if v != vals[0] {
+			return time.Time{}, fmt.Errorf("header %s: %d different values", name, len(vals))
+		}
+	}
+	at, err := ParseInstant(vals[0])
+	if err != nil {
+		return time.Time{}, fmt.Errorf("header %s: %w", name, err)
+	}
+	return at, nil
 }
 
 // headerValues returns the values of header name in h, the exact key

@@ -183,7 +183,13 @@ func appendTail(b []byte, n ackNumbers) []byte {
 // get, or numbers written otherwise) reports false and is kept whole.
 func ackPrefix(reply string, n ackNumbers) (string, bool) {
 	var buf [len(n) * 21]byte
-	return strings.CutSuffix(reply, string(appendTail(buf[:0], n)))
+	tail := appendTail(buf[:0], n)
+	// Compared in place: string(tail) as a value would be allocated (it is
+	// longer than the compiler's 32-byte stack buffer).
+	if len(reply) < len(tail) || reply[len(reply)-len(tail):] != string(tail) {
+		return reply, false
+	}
+	return reply[:len(reply)-len(tail)], true
 }
 
 // reply returns the message's ack subject.
@@ -193,7 +199,12 @@ func (jm *jsMessage) reply() string {
 	}
 	var buf [len(ackNumbers{}) * 21]byte
 	cseq, pending := ackNumbersOf(jm.state.Load())
-	return jm.route.subject + string(appendTail(buf[:0], jm.numbers(cseq, pending)))
+	tail := appendTail(buf[:0], jm.numbers(cseq, pending))
+	var b strings.Builder // one allocation; String does not copy
+	b.Grow(len(jm.route.subject) + len(tail))
+	b.WriteString(jm.route.subject)
+	b.Write(tail)
+	return b.String()
 }
 
 // The acknowledgements are the bodies nats.go's jetstream.Msg publishes to

@@ -168,6 +168,29 @@ func TestAckPrefix(t *testing.T) {
 	}
 }
 
+// TestAckSubjectAllocations (issue 15, the throughput row): cutting the
+// ack subject at admission allocates nothing, and rebuilding it for the ack
+// allocates only the subject.
+func TestAckSubjectAllocations(t *testing.T) {
+	// A tail longer than 32 bytes, as most are: a shorter string(tail) the
+	// compiler could keep on the stack.
+	n := ackNumbers{2, 123456, 123450, 1764600000000000001, 4321}
+	reply := "$JS.ACK.STREAM.consumer.2.123456.123450.1764600000000000001.4321"
+	if a := testing.AllocsPerRun(100, func() { _, _ = ackPrefix(reply, n) }); a != 0 {
+		t.Errorf("ackPrefix: %v allocations, want 0", a)
+	}
+	jm := &jsMessage{Message: shaper.Message{NumDelivered: 2, StreamSeq: 123456, Published: time.Unix(0, 1764600000000000001)}}
+	st, _ := ackState(123450, 4321)
+	jm.state.Store(st)
+	jm.route = &ackRoute{subject: "$JS.ACK.STREAM.consumer"}
+	if got := jm.reply(); got != reply {
+		t.Fatalf("reply() = %q, want %q", got, reply)
+	}
+	if a := testing.AllocsPerRun(100, func() { _ = jm.reply() }); a != 1 {
+		t.Errorf("reply: %v allocations, want 1", a)
+	}
+}
+
 // TestAckState: the consumer sequence and pending count pack into one word
 // with the ack flag and come back; numbers that do not fit are refused (the
 // message then keeps its whole ack subject), and the message with its ack
