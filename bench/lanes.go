@@ -302,14 +302,14 @@ func (e *natsEnv) runLane(ctx context.Context, st *stream, name string, limit fl
 // runLaneOn runs a lane with cfg on src until n messages reached the no-op
 // sink, then drains it. It records the waiter's lateness and the pull
 // requests made.
-func runLaneOn(ctx context.Context, name string, cfg config.Lane, src drain.Source, n int, stamp bool) endToEnd {
+func runLaneOn(ctx context.Context, name string, cfg config.Lane, src drain.Source, n int, stamp bool, opts ...drain.Option) endToEnd {
 	r := endToEnd{name: name, n: n}
 	sink := newCountSink(n, stamp)
 	cs := &countSource{inner: src}
 	rw := &recWaiter{inner: drain.NewPreciseWaiter()}
-	lane, err := drain.New("bench", cfg, cs, sink,
+	lane, err := drain.New("bench", cfg, cs, sink, append([]drain.Option{
 		drain.WithMetrics(metrics.New(prometheus.NewRegistry()).Lane("bench", float64(cfg.Rate.Limit))),
-		drain.WithWaiter(rw))
+		drain.WithWaiter(rw)}, opts...)...)
 	if err != nil {
 		r.err = err
 		return r

@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"runtime"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/drain"
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/sources"
 )
@@ -38,7 +41,8 @@ const (
 // a child process of its own, see runLargeCell).
 type largeRow struct {
 	Msgs, Capacity int
-	MemLimit       string // GOMEMLIMIT of the cell's process, "" when unset
+	Budget         bool  // the lane joins a drain.MemoryBudget, as the daemon's lanes do
+	Limit          int64 // the soft memory limit the budget set (bytes); 0: none
 	Delivered      int
 	Took           time.Duration
 	BaseRSS        uint64 // VmRSS when the lane started
@@ -59,21 +63,20 @@ func (r largeRow) holds() bool {
 	return r.Err == "" && r.PeakRSS > 0 && r.PeakRSS <= r.bound() && r.Slow == 0 && r.Disconnects == 0 && r.Delivered == r.Msgs
 }
 
-// largeCells are the cells of a run: capacity 20 (1 s of the rate) with
-// Go's default GC; capacity 300 (15 s, 150 MiB of payloads: more than one
-// pull may bring, FetchBytes) with the default GC, whose headroom (GOGC=100:
-// the heap may grow by the live heap before a collection) is itself about
-// capacity × message size; and capacity 300 with GOMEMLIMIT set to the
-// bound less 16 MiB (what the process holds outside Go's heap: its binary,
-// at start ~19 MiB of RSS in all), which makes the GC collect before the
-// heap passes it. -quick runs the first cell with fewer messages.
+// largeCells are the cells of a run: capacity 20 (1 s of the rate) and
+// capacity 300 (15 s, 150 MiB of payloads: more than one pull may bring,
+// FetchBytes), each with the daemon's drain.MemoryBudget (it sets the Go
+// runtime's soft memory limit from what the buckets may hold; under
+// drain.MemoryEngage, as at capacity 20, it sets none); and capacity 300
+// without it, Go's default GC, whose headroom (GOGC=100: the heap may grow
+// by the live heap before a collection) is itself about capacity × message
+// size. -quick runs the first cell with fewer messages.
 func largeCells(msgs int, quick bool) []largeRow {
-	cells := []largeRow{{Msgs: msgs, Capacity: 20}}
+	cells := []largeRow{{Msgs: msgs, Capacity: 20, Budget: true}}
 	if quick {
 		return cells
 	}
-	limit := strconv.FormatUint((300*largeSize+largeSlack-16<<20)>>20, 10) + "MiB"
-	return append(cells, largeRow{Msgs: msgs, Capacity: 300}, largeRow{Msgs: msgs, Capacity: 300, MemLimit: limit})
+	return append(cells, largeRow{Msgs: msgs, Capacity: 300, Budget: true}, largeRow{Msgs: msgs, Capacity: 300})
 }
 
 // runLargeCell runs cell c in a child process of this benchmark binary
@@ -87,9 +90,10 @@ func runLargeCell(ctx context.Context, c largeRow) largeRow {
 	}
 	arg, _ := json.Marshal(c)
 	cmd := exec.CommandContext(ctx, exe, "-large-child", string(arg))
-	cmd.Env = os.Environ()
-	if c.MemLimit != "" {
-		cmd.Env = append(cmd.Env, "GOMEMLIMIT="+c.MemLimit)
+	for _, kv := range os.Environ() { // the budget steps aside for an operator's GOMEMLIMIT
+		if !strings.HasPrefix(kv, "GOMEMLIMIT=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
 	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -173,6 +177,10 @@ func runLarge(ctx context.Context, dir string, c largeRow) largeRow {
 	var ms0 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 
+	var mem *drain.MemoryBudget
+	if c.Budget {
+		mem = drain.NewMemoryBudget(nil) // as the daemon does with an external server
+	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var sampled, heap uint64
@@ -184,6 +192,9 @@ func runLarge(ctx context.Context, dir string, c largeRow) largeRow {
 			sampled = max(sampled, procStatus(0, "VmRSS"))
 			runtime.ReadMemStats(&ms)
 			heap = max(heap, ms.HeapInuse)
+			if l := mem.Limit(); l != math.MaxInt64 {
+				r.Limit = max(r.Limit, l) // the lane leaves the budget when it ends
+			}
 			select {
 			case <-stop:
 				return
@@ -194,7 +205,7 @@ func runLarge(ctx context.Context, dir string, c largeRow) largeRow {
 	t0 := time.Now()
 	cfg := laneConfig(st.name, st.filter(), env.consumerName("big"), largeRate, 0)
 	cfg.Bucket.Capacity = c.Capacity
-	res := env.runLaneNamed(ctx, st, cfg, "large payloads")
+	res := env.runLaneNamed(ctx, st, cfg, "large payloads", drain.WithMemoryBudget(mem))
 	r.Took = time.Since(t0)
 	close(stop)
 	wg.Wait()
@@ -221,7 +232,7 @@ func runLarge(ctx context.Context, dir string, c largeRow) largeRow {
 }
 
 // runLaneNamed is runLane with a lane config of the caller's.
-func (e *natsEnv) runLaneNamed(ctx context.Context, st *stream, cfg config.Lane, name string) endToEnd {
+func (e *natsEnv) runLaneNamed(ctx context.Context, st *stream, cfg config.Lane, name string, opts ...drain.Option) endToEnd {
 	src, err := sources.NewJetStream(ctx, e.js, sources.JetStreamConfig{
 		Stream: cfg.Source.Stream, Subjects: cfg.Source.Subjects, Durable: cfg.Source.Consumer,
 		AckWait: cfg.Source.AckWait, MaxAckPending: cfg.EffectiveMaxAckPending(),
@@ -229,7 +240,7 @@ func (e *natsEnv) runLaneNamed(ctx context.Context, st *stream, cfg config.Lane,
 	if err != nil {
 		return endToEnd{name: name, n: st.n, err: err}
 	}
-	r := runLaneOn(ctx, name, cfg, src, st.n, false)
+	r := runLaneOn(ctx, name, cfg, src, st.n, false, opts...)
 	if r.err == nil {
 		r.err = e.settled(ctx, st, cfg.Source.Consumer)
 	}

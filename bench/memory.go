@@ -168,8 +168,8 @@ func (res *Results) runMemory(ctx context.Context, env *natsEnv, profile string,
 		if l.Err != "" {
 			res.problems = append(res.problems, fmt.Sprintf("memory, large payloads, capacity %d: %s", l.Capacity, l.Err))
 		}
-		logf("memory, large payloads, capacity %d, GOMEMLIMIT %q: %d of %d delivered in %s, peak RSS %s MiB (bound %s; at start %s; peak heap in use %s; %d GCs; server HWM %s), %d slow-consumer errors",
-			l.Capacity, l.MemLimit, l.Delivered, l.Msgs, l.Took.Round(time.Millisecond), mib(l.PeakRSS), mib(l.bound()), mib(l.BaseRSS), mib(l.PeakHeap), l.GCs, mib(l.ServerHWM), l.Slow)
+		logf("memory, large payloads, capacity %d, %s: %d of %d delivered in %s, peak RSS %s MiB (bound %s; at start %s; peak heap in use %s; %d GCs; server HWM %s), %d slow-consumer errors",
+			l.Capacity, l.limitWord(), l.Delivered, l.Msgs, l.Took.Round(time.Millisecond), mib(l.PeakRSS), mib(l.bound()), mib(l.BaseRSS), mib(l.PeakHeap), l.GCs, mib(l.ServerHWM), l.Slow)
 	}
 	return nil
 }
@@ -265,16 +265,14 @@ func (r *Results) memoryMarkdown() string {
 	w("client whose outbound buffer passes its max_pending, 64 MiB: its server-side slow consumer), every message\n")
 	w("delivered. One pull brings at most `sources.FetchBytes` (16 MiB): before that bound, a capacity-300 lane\n")
 	w("asked for 150 MiB at once, the server disconnected it twice and 97 messages waited for their ack wait.\n")
-	w("*Server HWM* is the nats-server process's own peak, for scale (not in the bound). Without GOMEMLIMIT, Go's\n")
-	w("GC lets the heap grow by the live heap (GOGC=100) before it collects, so past ~64 MiB of payloads the\n")
+	w("*Server HWM* is the nats-server process's own peak, for scale (not in the bound). *memory limit*: the Go\n")
+	w("runtime's soft memory limit that the daemon's `drain.MemoryBudget` set for the lane (Σ (capacity +\n")
+	w("max_in_flight) × (largest payload + 512 B) + 40 MiB, from 64 MiB of that share on), or none. Without it\n")
+	w("Go's GC lets the heap grow by the live heap (GOGC=100) before it collects, so past ~64 MiB of payloads the\n")
 	w("headroom alone passes the bound: docs/performance.md.\n\n")
-	lt := table{head: []string{"capacity", "GOMEMLIMIT", "delivered", "took s", "peak RSS MiB", "bound MiB", "× bound", "RSS at start MiB", "peak heap in use MiB", "GCs", "slow consumer", "disconnects", "server HWM MiB", "bound holds"}}
+	lt := table{head: []string{"capacity", "memory limit", "delivered", "took s", "peak RSS MiB", "bound MiB", "× bound", "RSS at start MiB", "peak heap in use MiB", "GCs", "slow consumer", "disconnects", "server HWM MiB", "bound holds"}}
 	for _, l := range r.large {
-		lim := l.MemLimit
-		if lim == "" {
-			lim = "unset"
-		}
-		lt.add(strconv.Itoa(l.Capacity), lim, fmt.Sprintf("%d of %d", l.Delivered, l.Msgs), fmt.Sprintf("%.1f", l.Took.Seconds()),
+		lt.add(strconv.Itoa(l.Capacity), l.limitWord(), fmt.Sprintf("%d of %d", l.Delivered, l.Msgs), fmt.Sprintf("%.1f", l.Took.Seconds()),
 			mib(l.PeakRSS), mib(l.bound()), fmt.Sprintf("%.2f", float64(l.PeakRSS)/float64(l.bound())), mib(l.BaseRSS), mib(l.PeakHeap),
 			strconv.Itoa(int(l.GCs)), strconv.FormatInt(l.Slow, 10), strconv.FormatInt(l.Disconnects, 10), mib(l.ServerHWM), holdsWord(l.holds()))
 	}
@@ -291,10 +289,7 @@ func (r *Results) memoryHeadlines() []string {
 			m.name, m.perMsg, payloadSize, m.perMsg/memBound, holdsWord(m.err == nil && m.perMsg <= memBound)))
 	}
 	for _, l := range r.large {
-		lim := ""
-		if l.MemLimit != "" {
-			lim = ", GOMEMLIMIT=" + l.MemLimit
-		}
+		lim := ", " + l.limitWord()
 		hs = append(hs, fmt.Sprintf("Large payloads, %d × %d KiB at %.0f/s, capacity %d%s: peak RSS %s MiB against capacity × size + 64 MiB = %s MiB (%.2f×), %d slow-consumer errors, %d disconnects, %d of %d delivered: the bound %s.",
 			l.Msgs, largeSize>>10, largeRate, l.Capacity, lim, mib(l.PeakRSS), mib(l.bound()), float64(l.PeakRSS)/float64(l.bound()), l.Slow, l.Disconnects, l.Delivered, l.Msgs, holdsWord(l.holds())))
 	}
@@ -311,4 +306,16 @@ func writeHeapProfile(path string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// limitWord says which soft memory limit a large-payload cell ran under.
+func (l largeRow) limitWord() string {
+	switch {
+	case !l.Budget:
+		return "no memory budget (Go's default GC)"
+	case l.Limit == 0:
+		return "memory budget, no limit set (share under 64 MiB)"
+	default:
+		return "memory budget, limit " + mib(uint64(l.Limit)) + " MiB"
+	}
 }

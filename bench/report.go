@@ -392,7 +392,8 @@ cannot keep up at all; uber ratelimit with its default slack keeps the average o
    256-byte message). With the embedded server its own per-pending state and block cache count too. Large
    payloads: one pull brings at most 16 MiB (sources.FetchBytes), so no pull outgrows the client's or the
    server's buffers; past ~64 MiB of payloads Go's default GC headroom (the live heap again) passes the RSS
-   bound unless GOMEMLIMIT is set. Profiles and the breakdown: docs/performance.md.
+   bound, so the daemon sets the runtime's soft memory limit from what its buckets may hold
+   (drain.MemoryBudget; an operator's GOMEMLIMIT wins). Profiles and the breakdown: docs/performance.md.
 
 **Caveats.** Timestamps in sections 1–2 are taken in-process, in the pacing goroutine, at departure: they
 judge the pacer, not the wire (the demo's rigid server judges kernel receive timestamps). CPU is the whole

@@ -122,6 +122,9 @@ type Lane struct {
 	dlLog   deadLetterLog // rate limit of the dead-letter lines (deadletter_log.go)
 	acks    ackBatch      // acks of successful deliveries, sent together (ackbatch.go)
 	workers workers       // the goroutines that run tasks (workers.go)
+
+	mem        *MemoryBudget // the process's soft memory limit (memory.go); nil: none
+	maxPayload atomic.Int64  // the largest payload fetched, bytes (memory.go)
 }
 
 // New returns a lane named name for cfg, reading from src and delivering to
@@ -168,6 +171,7 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 	l.brk.b = shaper.NewBreaker(breakerConfig(cfg), time.Now())
 	l.m.BucketCapacity.Set(float64(l.bucket.Capacity()))
 	l.m.RateLimit.Set(l.pacer.Rate(time.Now()))
+	l.mem.join(l) // memory.go
 	return l, nil
 }
 
@@ -238,6 +242,7 @@ func (l *Lane) Update(cfg config.Lane) error {
 	l.slots.setLimit(cfg.Task.MaxInFlight)
 	l.updateBreaker(cfg, now)
 	l.m.BucketCapacity.Set(float64(cfg.Bucket.Capacity))
+	l.mem.update() // capacity and max_in_flight count in the memory limit (memory.go)
 	select {
 	case l.wake <- struct{}{}:
 	default:
@@ -311,6 +316,7 @@ type Summary struct {
 func (l *Lane) Drain(ctx context.Context) Summary {
 	d0, n0, x0 := l.delivered.Load(), l.nacked.Load(), l.deadLettered.Load()
 	if !l.started.Load() {
+		l.mem.leave(l)
 		return Summary{}
 	}
 	if !l.draining.CompareAndSwap(false, true) {
@@ -352,6 +358,7 @@ func (l *Lane) Drain(ctx context.Context) Summary {
 		<-l.standby.done
 	}
 	l.stopped.Store(true)
+	l.mem.leave(l) // the bucket is empty and no task runs (memory.go)
 	s := Summary{
 		Delivered:    l.delivered.Load() - d0,
 		Nacked:       l.nacked.Load() - n0,

@@ -57,6 +57,7 @@ type Daemon struct {
 	failed  map[string]string      // lanes a reload could not start: why
 	retired sync.WaitGroup         // lanes draining after a reload removed them
 	redis   *redisslots.RedisSlots // global rates; nil when no lane has rate.global
+	mem     *drain.MemoryBudget    // the soft memory limit from the buckets; nil: GOMEMLIMIT set, or nats.embedded
 
 	control *sources.Control // operators' decisions (SHAPER_CONTROL)
 	ctlStop func()           // stops the control watch
@@ -108,6 +109,10 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		}
 		url = d.ns.ClientURL()
 		d.log.Info("embedded nats started", "url", config.RedactURL(url), "store_dir", d.cfg.NATS.Embedded.StoreDir)
+	} else {
+		// Not with the embedded server: its store's caches share the heap,
+		// and the limit counts only what the buckets may hold (drain/memory.go).
+		d.mem = drain.NewMemoryBudget(d.log)
 	}
 	sec, err := sources.Security{Creds: d.cfg.NATS.Creds, CAFile: d.cfg.NATS.TLS.CAFile,
 		CertFile: d.cfg.NATS.TLS.CertFile, KeyFile: d.cfg.NATS.TLS.KeyFile}.Options()
@@ -210,6 +215,7 @@ func (d *Daemon) newLane(ctx context.Context, name string, lc config.Lane) (*lan
 		drain.WithMetrics(d.m.Lane(name, float64(lc.Rate.Limit))),
 		drain.WithWaiter(d.waiter()),
 		drain.WithDeadLetter(dead),
+		drain.WithMemoryBudget(d.mem),
 	}
 	if lc.Rate.Global {
 		opts = append(opts, drain.WithGlobal(d.redis.Lane(name), d.cfg.Redis.ReplicasHint))
