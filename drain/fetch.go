@@ -76,6 +76,7 @@ func fetchLowWater(capacity int) int { return max(1, min(capacity/4, 64)) }
 // admit puts m into the bucket, or dead-letters it when it does not fit.
 func (l *Lane) admit(m *shaper.Message, reserved bool) {
 	l.notePayload(len(m.Data)) // the memory limit (memory.go)
+	l.nudgeHouse()             // keepalive.go
 	if m.NumDelivered > 1 {
 		l.m.Redelivered.Inc()
 	}

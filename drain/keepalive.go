@@ -6,6 +6,18 @@ import (
 	"github.com/shaper-dev/shaper/shaper"
 )
 
+// houseEvery is the house loop's period while the lane has something to
+// watch: gauges, the expiry sweep, the end of a pause or hold, the fallback
+// probe. houseIdleEvery is the longest it stretches to while the lane is
+// quiet (nothing held or in flight, no pause or hold, the rate steady): an
+// idle daemon's wake-ups (issue 15: an idle daemon costs nothing; 10 lanes
+// woke 40 times a second for this loop alone). An admission brings the short
+// period back at once (nudgeHouse).
+const (
+	houseEvery     = 250 * time.Millisecond
+	houseIdleEvery = 2 * time.Second
+)
+
 // houseLoop refreshes gauges and sends in-progress acks for every message the
 // lane holds, before the server's ack wait runs out (SPEC G7).
 func (l *Lane) houseLoop() {
@@ -15,17 +27,23 @@ func (l *Lane) houseLoop() {
 		ackWait = 30 * time.Second
 	}
 	progressEvery := max(ackWait/4, 50*time.Millisecond)
-	gauge := time.NewTicker(250 * time.Millisecond)
+	period := houseEvery
+	gauge := time.NewTimer(period)
 	defer gauge.Stop()
 	progress := time.NewTicker(progressEvery)
 	defer progress.Stop()
+	lastRate := -1.0
 	for {
 		select {
 		case <-l.houseStop:
 			l.flushDeadLetterLog(time.Now(), true) // the tasks are done: the last summary
 			return
-		case now := <-gauge.C:
-			now = time.Now()
+		case <-l.houseNudge: // an admission while the period was stretched
+			period = houseEvery
+			l.houseSlow.Store(false)
+			gauge.Reset(period)
+		case <-gauge.C:
+			now := time.Now()
 			l.mu.Lock()
 			rate := l.pacer.Rate(now)
 			paused := now.Before(l.pacer.PausedUntil())
@@ -45,8 +63,39 @@ func (l *Lane) houseLoop() {
 			l.sweepExpired(now, false)
 			l.flushDeadLetterLog(now, false)
 			l.probeIdle(now)
+			if !paused && rate == lastRate && l.quiet() {
+				period = min(2*period, houseIdleEvery)
+			} else {
+				period = houseEvery
+			}
+			lastRate = rate
+			l.houseSlow.Store(period > houseEvery)
+			gauge.Reset(period)
 		case <-progress.C:
 			l.touch(time.Now(), ackWait/2)
+		}
+	}
+}
+
+// quiet reports whether the lane has nothing for the house loop to watch
+// but its gauges: nothing held or in flight, no dead-letter summary due, not
+// in a shared schedule's fallback (see houseIdleEvery).
+func (l *Lane) quiet() bool {
+	if l.bucket.Len() > 0 || l.dlLog.pending() || l.global != nil && l.global.fallbackNow.Load() {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.inflight) == 0 && l.hold == nil && !l.quota.held
+}
+
+// nudgeHouse brings the house loop's short period back when it was
+// stretched: one atomic load otherwise.
+func (l *Lane) nudgeHouse() {
+	if l.houseSlow.Load() {
+		select {
+		case l.houseNudge <- struct{}{}:
+		default:
 		}
 	}
 }

@@ -108,6 +108,8 @@ type Lane struct {
 	departDone chan struct{}
 	houseStop  chan struct{}
 	houseDone  chan struct{}
+	houseNudge chan struct{} // an admission while houseSlow (keepalive.go)
+	houseSlow  atomic.Bool   // the house loop's period is stretched (keepalive.go)
 	tasks      sync.WaitGroup
 	started    atomic.Bool
 	draining   atomic.Bool
@@ -146,6 +148,7 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 		departDone: make(chan struct{}),
 		houseStop:  make(chan struct{}),
 		houseDone:  make(chan struct{}),
+		houseNudge: make(chan struct{}, 1),
 		workers:    newWorkers(),
 	}
 	l.acks.send = l.sendAck
@@ -243,6 +246,7 @@ func (l *Lane) Update(cfg config.Lane) error {
 	l.updateBreaker(cfg, now)
 	l.m.BucketCapacity.Set(float64(cfg.Bucket.Capacity))
 	l.mem.update() // capacity and max_in_flight count in the memory limit (memory.go)
+	l.nudgeHouse() // the gauges of the new rate (keepalive.go)
 	select {
 	case l.wake <- struct{}{}:
 	default:

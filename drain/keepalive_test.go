@@ -1,0 +1,52 @@
+package drain
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestHouseLoopStretchesWhenQuiet (issue 15: an idle daemon costs nothing;
+// keepalive.go): a quiet lane's house loop wakes every houseIdleEvery, not
+// every houseEvery, and an admission brings the short period back at once.
+// The stale gauge shows which period runs: the loop rewrites it each time.
+func TestHouseLoopStretchesWhenQuiet(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := laneConfig(100)
+		cfg.Rate.Warmup.ColdFactor = 1 // no ramp: the rate is steady from the start
+		sink := &recSink{}
+		h := newHarness(t, cfg, sink)
+		h.lane.Start()
+		time.Sleep(10 * time.Second) // quiet: the period has doubled up to houseIdleEvery
+		synctest.Wait()
+		if !h.lane.houseSlow.Load() {
+			t.Fatal("after 10 s without traffic the house loop still runs every houseEvery")
+		}
+		h.m.BucketDepth.Set(99) // stale: the next house tick sets it again
+		time.Sleep(houseIdleEvery - houseEvery - time.Millisecond)
+		synctest.Wait()
+		stale := testutil.ToFloat64(h.m.BucketDepth)
+		time.Sleep(houseEvery + 2*time.Millisecond)
+		synctest.Wait()
+		if stale != 99 {
+			t.Errorf("the quiet lane's house loop woke within %v", houseIdleEvery-houseEvery)
+		}
+		if got := testutil.ToFloat64(h.m.BucketDepth); got != 0 {
+			t.Errorf("bucket depth gauge %v after houseIdleEvery, want 0", got)
+		}
+
+		// A message: the short period at once.
+		h.src.Publish(1)
+		time.Sleep(10 * time.Millisecond)
+		synctest.Wait()
+		if h.lane.houseSlow.Load() {
+			t.Error("an admission left the house loop's period stretched")
+		}
+		if n := len(sink.snapshot()); n != 1 {
+			t.Errorf("%d deliveries, want 1", n)
+		}
+		h.stop(time.Second)
+	})
+}
