@@ -197,6 +197,10 @@ func (s *countSink) Send(context.Context, *shaper.Message) error {
 	return nil
 }
 
+// ReadsPackedHeaders implements drain.PackedHeaderReader: the no-op sink
+// reads no header, as the daemon's own sinks read them packed.
+func (s *countSink) ReadsPackedHeaders() bool { return true }
+
 func (s *countSink) hit() {
 	if s.stamp {
 		now := time.Now()

@@ -45,10 +45,9 @@ type ackBatch struct {
 	send  func(ctx context.Context, m *shaper.Message) // sends one ack (Lane.sendAck)
 }
 
-// add queues m's ack, or sends it at once when the last was sent
-// ackBatchDelay or more ago and none waits.
-func (b *ackBatch) add(m *shaper.Message) {
-	now := time.Now()
+// add queues m's ack at now (the clock read of the caller), or sends it
+// at once when the last was sent ackBatchDelay or more ago and none waits.
+func (b *ackBatch) add(m *shaper.Message, now time.Time) {
 	b.mu.Lock()
 	if len(b.q) == 0 && now.Sub(b.sent) >= ackBatchDelay {
 		b.sent = now

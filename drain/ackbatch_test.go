@@ -52,21 +52,21 @@ func TestAckBatchTiming(t *testing.T) {
 			}
 		}
 		d := ackBatchDelay
-		b.add(msg(1)) // the first: nothing sent for ackBatchDelay
+		b.add(msg(1), time.Now()) // the first: nothing sent for ackBatchDelay
 		check("first ack", sent{1, 0})
 		time.Sleep(d / 4)
-		b.add(msg(2))
+		b.add(msg(2), time.Now())
 		time.Sleep(d / 2)
-		b.add(msg(3))
+		b.add(msg(3), time.Now())
 		time.Sleep(d/2 - time.Nanosecond)
 		check("before the batch's delay", sent{1, 0})
 		time.Sleep(time.Nanosecond)
 		check("at the batch's delay", sent{1, 0}, sent{2, d / 4 * 5}, sent{3, d / 4 * 5})
 		// Sparse acks (one per ackBatchDelay) each leave at once.
 		time.Sleep(d)
-		b.add(msg(4))
+		b.add(msg(4), time.Now())
 		time.Sleep(d)
-		b.add(msg(5))
+		b.add(msg(5), time.Now())
 		check("sparse acks", sent{1, 0}, sent{2, d / 4 * 5}, sent{3, d / 4 * 5}, sent{4, d/4*5 + d}, sent{5, d/4*5 + 2*d})
 		// A full batch leaves at once, without waiting for the timer.
 		mu.Lock()
@@ -74,7 +74,7 @@ func TestAckBatchTiming(t *testing.T) {
 		mu.Unlock()
 		t0 = time.Now()
 		for i := range ackBatchMax {
-			b.add(msg(i))
+			b.add(msg(i), time.Now())
 		}
 		mu.Lock()
 		if len(got) != ackBatchMax {

@@ -108,8 +108,7 @@ func (l *Lane) breakerDeparts(m *shaper.Message, now time.Time) {
 // breakerRecord records the end of m's attempt with the breaker and carries
 // out a change of state: the pacer's hold, the gauge, one log line, and a
 // wake of the departure loop.
-func (l *Lane) breakerRecord(m *shaper.Message, a shaper.Attempt, err error) {
-	now := time.Now()
+func (l *Lane) breakerRecord(m *shaper.Message, a shaper.Attempt, err error, now time.Time) {
 	l.mu.Lock()
 	probe := l.brk.probe == m
 	if probe {

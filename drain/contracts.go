@@ -30,6 +30,18 @@ type Sink interface {
 	Send(ctx context.Context, m *shaper.Message) error
 }
 
+// PackedHeaderReader is implemented by sinks that read a message's headers
+// only through shaper.Message's accessors (HeaderValue, HeaderFirst,
+// HeaderValues, HeaderPairs, HeaderMap, Key), never its Header field. For
+// them the lane leaves the headers packed as the source kept them, instead
+// of building the map of every message at departure (issue 15: ~3
+// allocations per message). Every other sink sees Header set, as the
+// Message's doc says. The sinks package's HTTP, NATS and Log sinks read
+// them so.
+type PackedHeaderReader interface {
+	ReadsPackedHeaders() bool
+}
+
 // WireReporter is implemented by sinks that call the function of
 // shaper.WithWire when a request leaves for the downstream. For them a
 // departure waits until the previous request is on the wire, so that

@@ -50,7 +50,7 @@ func (l *Lane) skipDelivered(m *shaper.Message) bool {
 	if !seen {
 		return false
 	}
-	l.breakerRecord(m, shaper.AttemptNeutral, nil) // a probe that made no call says nothing
+	l.breakerRecord(m, shaper.AttemptNeutral, nil, time.Now()) // a probe that made no call says nothing
 	ctx, cancel = context.WithTimeout(context.Background(), ackTimeout)
 	if err := m.Acker.Ack(ctx); err != nil {
 		l.log.Warn("ack failed", "msg_id", m.Key(), "err", err)

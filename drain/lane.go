@@ -154,7 +154,7 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 	l.acks.send = l.sendAck
 	l.cfgp.Store(&cfg)
 	l.bucket.SetFreedThreshold(fetchLowWater(cfg.Bucket.Capacity)) // fetch.go
-	l.sinkp.Store(&sinkBox{sink})
+	l.sinkp.Store(newSinkBox(sink))
 	for _, o := range opts {
 		o.apply(l)
 	}
@@ -204,7 +204,16 @@ func pacerConfig(cfg config.Lane) shaper.PacerConfig {
 }
 
 // sinkBox lets the sink be swapped atomically whatever its concrete type.
-type sinkBox struct{ s Sink }
+// packed says the sink reads packed headers (PackedHeaderReader).
+type sinkBox struct {
+	s      Sink
+	packed bool
+}
+
+func newSinkBox(s Sink) *sinkBox {
+	r, ok := s.(PackedHeaderReader)
+	return &sinkBox{s: s, packed: ok && r.ReadsPackedHeaders()}
+}
 
 // conf returns the lane's configuration in force (see Update).
 func (l *Lane) conf() *config.Lane { return l.cfgp.Load() }
@@ -273,7 +282,7 @@ func sameSource(a, b config.Source) bool {
 // returns the previous one, which the caller closes (its Close waits for the
 // calls still running).
 func (l *Lane) SetSink(s Sink) Sink {
-	old := l.sinkp.Swap(&sinkBox{s})
+	old := l.sinkp.Swap(newSinkBox(s))
 	l.log.Info("lane sink replaced")
 	return old.s
 }

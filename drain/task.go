@@ -12,7 +12,8 @@ import (
 const ackTimeout = 5 * time.Second
 
 // runTask makes one delivery attempt under the task timeout and settles it.
-func (l *Lane) runTask(m *shaper.Message) {
+// It returns when the attempt ended (the worker's idle clock).
+func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 	defer func() {
 		l.mu.Lock()
 		delete(l.inflight, m)
@@ -24,19 +25,23 @@ func (l *Lane) runTask(m *shaper.Message) {
 		l.slots.release()
 		l.tasks.Done()
 	}()
-	// Sinks read m.Header: unpack what the source packed (the task owns m).
-	m.UnpackHeader()
-	if l.skipDelivered(m) { // sink.dedup_window (dedup.go)
-		return
+	sink := l.sinkp.Load()
+	if !sink.packed {
+		// The sink reads m.Header: unpack what the source packed (the task owns m).
+		m.UnpackHeader()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), l.conf().Task.Timeout)
+	if l.skipDelivered(m) { // sink.dedup_window (dedup.go)
+		return time.Now()
+	}
+	start := time.Now() // one clock read for the deadline and the task's duration
+	ctx, cancel := context.WithDeadline(context.Background(), start.Add(l.conf().Task.Timeout))
 	if l.reportsWire { // only a WireReporter calls it (a closure and a context value per task otherwise)
 		ctx = shaper.WithWire(ctx, func(t time.Time) { l.wired(m, t) })
 	}
 	ctx = l.withRateLimitReport(ctx) // rate.adaptive.headers (adaptive.go)
-	start := time.Now()
-	err := l.sinkp.Load().s.Send(ctx, m)
-	took := time.Since(start)
+	err := sink.s.Send(ctx, m)
+	end = time.Now()
+	took := end.Sub(start)
 	timedOut := err != nil && (errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil)
 	cancel()
 	switch {
@@ -47,16 +52,19 @@ func (l *Lane) runTask(m *shaper.Message) {
 	default:
 		l.m.TaskDuration[shaper.OutcomeError].Observe(took.Seconds())
 	}
-	l.settle(m, err, timedOut)
+	l.settle(m, err, timedOut, end)
+	return end
 }
 
-// settle gives m its final verb for this attempt (SPEC §3, Retries).
-func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
-	l.breakerRecord(m, attemptOf(err, timedOut), err)
-	l.adaptRecord(err, time.Now()) // rate.adaptive (adaptive.go)
+// settle gives m its final verb for this attempt (SPEC §3, Retries); now
+// is when the attempt ended (one clock read for the breaker, the adaptive
+// rate and the ack batch: issue 15, CPU per message).
+func (l *Lane) settle(m *shaper.Message, err error, timedOut bool, now time.Time) {
+	l.breakerRecord(m, attemptOf(err, timedOut), err, now)
+	l.adaptRecord(err, now) // rate.adaptive (adaptive.go)
 	if err == nil {
 		l.recordDelivered(m) // before the ack (dedup.go)
-		l.acks.add(m)        // sent with others (ackbatch.go)
+		l.acks.add(m, now)   // sent with others (ackbatch.go)
 		l.delivered.Add(1)
 		l.m.Deliveries[shaper.OutcomeSuccess].Inc()
 		return
@@ -75,7 +83,7 @@ func (l *Lane) settle(m *shaper.Message, err error, timedOut bool) {
 	}
 	if v.pause {
 		// The downstream is saturated: pause the whole lane (SPEC §3).
-		l.Pause(time.Now().Add(v.delay))
+		l.Pause(now.Add(v.delay))
 	}
 	l.log.Debug("attempt failed", "msg_id", m.Key(), "attempt", m.NumDelivered, "status", v.status, "err", err, "retry_in", v.delay)
 	l.warnFailures(m, v.status, err, v.delay)

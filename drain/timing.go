@@ -35,8 +35,10 @@ func (l *Lane) holdNotDue(m *shaper.Message, reserved bool) bool {
 	if !m.Deadline.IsZero() {
 		l.deadlines.Store(true) // the sweeps look for deadlines from now on (depart.go)
 	}
-	now := time.Now()
-	hold := shaper.HoldFor(m.NotBefore, now, shaper.MaxHold)
+	if m.NotBefore.IsZero() {
+		return false // no clock read for a message without Shaper-Not-Before
+	}
+	hold := shaper.HoldFor(m.NotBefore, time.Now(), shaper.MaxHold)
 	if hold == 0 {
 		return false
 	}

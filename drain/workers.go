@@ -46,17 +46,23 @@ func (l *Lane) startTask(m *shaper.Message) {
 }
 
 // worker runs m's task, then the tasks handed to it, until it has been idle
-// for workerIdle or the lane stops.
+// for workerIdle or the lane stops. Its idle timer is not reset after every
+// task (a timer-heap operation per message): when it fires, the worker
+// checks how long it has really been idle and waits out the rest.
 func (l *Lane) worker(m *shaper.Message) {
 	defer l.workers.wg.Done()
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
-		l.runTask(m)
-		idle.Reset(workerIdle)
+		last := l.runTask(m)
+	wait:
 		select {
 		case m = <-l.workers.work:
-		case <-idle.C:
+		case now := <-idle.C:
+			if rest := workerIdle - now.Sub(last); rest > 0 {
+				idle.Reset(rest)
+				goto wait
+			}
 			return
 		case <-l.workers.stop:
 			return

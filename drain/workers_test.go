@@ -37,3 +37,38 @@ func TestLaneTasksReuseWorkers(t *testing.T) {
 		})
 	}
 }
+
+// TestWorkerIdleExit: a worker exits once it has been idle for workerIdle,
+// counted from the end of its last task (the timer is not reset per task,
+// workers.go): tasks 0.6 s apart keep one worker, tasks 1.5 s apart start
+// one each.
+func TestWorkerIdleExit(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		limit   float64 // departures per second
+		workers int64
+	}{
+		{"0.6 s apart", 1 / 0.6, 1},
+		{"1.5 s apart", 1 / 1.5, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := laneConfig(tc.limit)
+				cfg.Rate.Warmup.ColdFactor = 1
+				sink := &recSink{}
+				h := newHarness(t, cfg, sink)
+				h.src.Publish(4)
+				h.lane.Start()
+				time.Sleep(7 * time.Second)
+				synctest.Wait()
+				h.stop(time.Second)
+				if n := len(sink.snapshot()); n != 4 {
+					t.Fatalf("%d delivered, want 4", n)
+				}
+				if n := h.lane.workers.started.Load(); n != tc.workers {
+					t.Errorf("%d workers started, want %d", n, tc.workers)
+				}
+			})
+		})
+	}
+}

@@ -2,6 +2,7 @@ package shaper
 
 import (
 	"encoding/binary"
+	"iter"
 	"strings"
 )
 
@@ -13,7 +14,9 @@ import (
 // docs/performance.md). A source may therefore keep a message's
 // headers packed into one string while it waits in the bucket (PackHeader);
 // the lane unpacks them into Header when the message departs
-// (UnpackHeader), so that sinks read Header as always. Before that, code
+// (UnpackHeader), so that sinks read Header as always — unless the sink
+// reads them through the accessors only (drain.PackedHeaderReader: the
+// map of every message is then never built). Before that, code
 // reads headers through HeaderValue, HeaderValues and HeaderMap, which see
 // Header when it is set and the packed form otherwise.
 //
@@ -99,6 +102,47 @@ func (m *Message) HeaderValue(name string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// HeaderPairs yields every (name, value) pair of m's headers, packed or
+// not, a name once per value; the values of one name in their order, the
+// names in no set order. It allocates nothing for packed headers (a sink
+// that forwards headers reads them so, drain.PackedHeaderReader).
+func (m *Message) HeaderPairs() iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		if m.Header != nil || m.packed == "" {
+			for k, vs := range m.Header {
+				for _, v := range vs {
+					if !yield(k, v) {
+						return
+					}
+				}
+			}
+			return
+		}
+		for p := m.packed; p != ""; {
+			var k, v string
+			k, v, p = nextPair(p)
+			if !yield(k, v) {
+				return
+			}
+		}
+	}
+}
+
+// HeaderFirst returns the first value of header name, of the exact key when
+// m has it, else of a key equal to name ignoring case; "" when there is
+// none. It allocates nothing.
+func (m *Message) HeaderFirst(name string) string {
+	if v, ok := m.HeaderValue(name); ok {
+		return v
+	}
+	for k, v := range m.HeaderPairs() {
+		if strings.EqualFold(k, name) {
+			return v
+		}
+	}
+	return ""
 }
 
 // HeaderValues returns every value of header name: of the exact key when m

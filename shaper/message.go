@@ -48,7 +48,8 @@ type Message struct {
 	// packed instead while the message waits (PackHeader): then Header is
 	// nil until the lane unpacks them at departure (UnpackHeader), and code
 	// that runs before reads them with HeaderValue, HeaderValues or
-	// HeaderMap. Sinks see Header set.
+	// HeaderMap. Sinks see Header set, except those that read headers
+	// through these accessors only (drain.PackedHeaderReader).
 	Header map[string][]string
 	// Data is the payload, passed to the sink unchanged.
 	Data []byte

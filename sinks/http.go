@@ -389,7 +389,7 @@ func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
 	for name, values := range s.headers {
 		h[name] = values // shared, read-only: transports do not modify requests
 	}
-	s.forwardNATSHeaders(h, m.Header)
+	s.forwardNATSHeaders(h, m)
 	// The sink's own headers, in one allocation (canonical names: set as
 	// h.Set would).
 	own := [...]string{key, m.Subject, strconv.FormatUint(m.NumDelivered, 10)}
@@ -456,8 +456,9 @@ func (s *HTTP) classify(what string, resp *http.Response) error {
 // forwardNATSHeaders copies the job's NATS headers into h as X-Nats-<Name>,
 // skipping NATS's own headers (except Nats-Msg-Id) and those HTTP cannot
 // carry.
-func (s *HTTP) forwardNATSHeaders(h http.Header, from map[string][]string) {
-	for name, values := range from {
+func (s *HTTP) forwardNATSHeaders(h http.Header, m *shaper.Message) {
+	ctTried := false
+	for name, v := range m.HeaderPairs() { // packed or not (ReadsPackedHeaders)
 		var key string
 		switch {
 		case strings.EqualFold(name, shaper.MsgIDHeader):
@@ -470,20 +471,26 @@ func (s *HTTP) forwardNATSHeaders(h http.Header, from map[string][]string) {
 		default:
 			key = http.CanonicalHeaderKey(NATSHeaderPrefix + name)
 		}
-		for _, v := range values {
-			if !validHeaderValue(v) {
-				s.logger.Debug("sink skipped a NATS header value HTTP cannot carry", "header", name)
-				continue
-			}
-			h[key] = append(h[key], v)
+		if !validHeaderValue(v) {
+			s.logger.Debug("sink skipped a NATS header value HTTP cannot carry", "header", name)
+			continue
 		}
+		h[key] = append(h[key], v)
 		// The producer's Content-Type describes the body, which is sent as
-		// it is: pass it on as the request's own, unless sink.headers set one.
-		if strings.EqualFold(name, "Content-Type") && h.Get("Content-Type") == "" && len(values) > 0 && validHeaderValue(values[0]) {
-			h.Set("Content-Type", values[0])
+		// it is: pass its first value on as the request's own, unless
+		// sink.headers set one.
+		if !ctTried && strings.EqualFold(name, "Content-Type") {
+			ctTried = true
+			if h.Get("Content-Type") == "" {
+				h.Set("Content-Type", v)
+			}
 		}
 	}
 }
+
+// ReadsPackedHeaders implements drain.PackedHeaderReader: the sink reads
+// a message's headers through its accessors only.
+func (s *HTTP) ReadsPackedHeaders() bool { return true }
 
 // Close waits for Sends in progress, then closes the idle connections of
 // the sink's own transport (a caller's HTTPConfig.Client is left alone).

@@ -3,6 +3,7 @@ package sinks_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -292,50 +293,56 @@ func TestHTTPRequest(t *testing.T) {
 		},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			m := testMessage()
-			m.Header = tt.header
-			m.Data = binary
-			m.NumDelivered = 3
-			if err := send(t, s, m); err != nil {
-				t.Fatalf("Send: %v", err)
-			}
-			r := <-got
-			if r.method != http.MethodPut || r.path != "/hook" || r.host != "callbacks.example.com" {
-				t.Errorf("request %s %s to host %q, want PUT /hook to callbacks.example.com", r.method, r.path, r.host)
-			}
-			if string(r.body) != string(binary) {
-				t.Errorf("body = %q, want %q", r.body, binary)
-			}
-			want := map[string][]string{
-				"Idempotency-Key":   {tt.wantKey},
-				"X-Shaper-Subject":  {"callbacks.payments.eu"},
-				"X-Shaper-Delivery": {"3"},
-				"Authorization":     {"Bearer s3cret"},
-				"Content-Type":      {"application/json"},
-				"User-Agent":        {"shaper"},
-			}
-			for k, v := range tt.wantHeader {
-				want[k] = v
-			}
-			for k, v := range want {
-				if !slices.Equal(r.header[k], v) {
-					t.Errorf("header %s = %q, want %q", k, r.header[k], v)
+		for _, packed := range []bool{false, true} { // packed: as the lane leaves them (drain.PackedHeaderReader)
+			t.Run(fmt.Sprintf("%s/packed=%v", tt.name, packed), func(t *testing.T) {
+				m := testMessage()
+				if packed {
+					m.PackHeader(tt.header)
+				} else {
+					m.Header = tt.header
 				}
-			}
-			// Issue 12: nothing the README does not list, such as the
-			// Accept-Encoding: gzip Go's transport adds by default.
-			if v, ok := r.header["Accept-Encoding"]; ok {
-				t.Errorf("header Accept-Encoding = %q, want none (not documented)", v)
-			}
-			for k := range r.header {
-				if strings.HasPrefix(k, "X-Nats-") {
-					if _, ok := want[k]; !ok {
-						t.Errorf("unexpected header %s: %q", k, r.header[k])
+				m.Data = binary
+				m.NumDelivered = 3
+				if err := send(t, s, m); err != nil {
+					t.Fatalf("Send: %v", err)
+				}
+				r := <-got
+				if r.method != http.MethodPut || r.path != "/hook" || r.host != "callbacks.example.com" {
+					t.Errorf("request %s %s to host %q, want PUT /hook to callbacks.example.com", r.method, r.path, r.host)
+				}
+				if string(r.body) != string(binary) {
+					t.Errorf("body = %q, want %q", r.body, binary)
+				}
+				want := map[string][]string{
+					"Idempotency-Key":   {tt.wantKey},
+					"X-Shaper-Subject":  {"callbacks.payments.eu"},
+					"X-Shaper-Delivery": {"3"},
+					"Authorization":     {"Bearer s3cret"},
+					"Content-Type":      {"application/json"},
+					"User-Agent":        {"shaper"},
+				}
+				for k, v := range tt.wantHeader {
+					want[k] = v
+				}
+				for k, v := range want {
+					if !slices.Equal(r.header[k], v) {
+						t.Errorf("header %s = %q, want %q", k, r.header[k], v)
 					}
 				}
-			}
-		})
+				// Issue 12: nothing the README does not list, such as the
+				// Accept-Encoding: gzip Go's transport adds by default.
+				if v, ok := r.header["Accept-Encoding"]; ok {
+					t.Errorf("header Accept-Encoding = %q, want none (not documented)", v)
+				}
+				for k := range r.header {
+					if strings.HasPrefix(k, "X-Nats-") {
+						if _, ok := want[k]; !ok {
+							t.Errorf("unexpected header %s: %q", k, r.header[k])
+						}
+					}
+				}
+			})
+		}
 	}
 }
 
@@ -535,10 +542,17 @@ func TestHTTPContentTypeFromMessage(t *testing.T) {
 	}))
 	defer srv.Close()
 	m := &shaper.Message{Stream: "S", StreamSeq: 1, Data: []byte(`{}`), Header: map[string][]string{"Content-Type": {"application/json"}}}
+	packed := &shaper.Message{Stream: "S", StreamSeq: 1, Data: []byte(`{}`)}
+	packed.PackHeader(map[string][]string{"content-type": {"application/json", "text/csv"}})
 	for _, tc := range []struct {
 		headers map[string]string
+		m       *shaper.Message
 		want    string
-	}{{nil, "application/json"}, {map[string]string{"Content-Type": "text/plain"}, "text/plain"}} {
+	}{
+		{nil, m, "application/json"}, {map[string]string{"Content-Type": "text/plain"}, m, "text/plain"},
+		{nil, packed, "application/json"}, // packed, the producer's case, the first value
+	} {
+		m := tc.m
 		s, err := sinks.NewHTTP(sinks.HTTPConfig{URL: srv.URL, Headers: tc.headers})
 		if err != nil {
 			t.Fatal(err)

@@ -103,6 +103,10 @@ func (l *Log) Send(ctx context.Context, m *shaper.Message) error {
 	return nil
 }
 
+// ReadsPackedHeaders implements drain.PackedHeaderReader: the line holds
+// the key only (Message.Key reads packed headers).
+func (l *Log) ReadsPackedHeaders() bool { return true }
+
 // Close waits for Sends in progress and for a write still running in the
 // background (so it blocks while w blocks). It does not close w. It always
 // returns nil; later calls return at once.

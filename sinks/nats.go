@@ -96,6 +96,10 @@ func NewNATS(js jetstream.JetStream, subject string) *NATS {
 // its publish has been written to the socket (drain.WireReporter).
 func (s *NATS) ReportsWire() bool { return true }
 
+// ReadsPackedHeaders implements drain.PackedHeaderReader: the sink reads
+// a message's headers through its accessors only.
+func (s *NATS) ReadsPackedHeaders() bool { return true }
+
 // Send publishes m and waits for the acknowledgement or the end of ctx. It
 // returns nil once the target stream stored the message (or reported it a
 // duplicate), otherwise a *shaper.SinkError with Status 0.
@@ -108,12 +112,12 @@ func (s *NATS) Send(ctx context.Context, m *shaper.Message) error {
 	if err := ctx.Err(); err != nil {
 		return retryable(what, err)
 	}
-	h := make(nats.Header, len(m.Header)+1)
-	for name, values := range m.Header {
+	h := make(nats.Header, 2)
+	for name, v := range m.HeaderPairs() { // packed or not (ReadsPackedHeaders)
 		if hasPrefixFold(name, "Nats-") {
 			continue
 		}
-		h[name] = slices.Clone(values)
+		h[name] = append(h[name], v)
 	}
 	h.Set(jetstream.MsgIDHeader, m.Key())
 	own := s.publisher(ctx)

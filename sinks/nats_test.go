@@ -102,9 +102,10 @@ func TestNATSPublishAndDedupe(t *testing.T) {
 		"nats-rollup":          {"sub"},
 	}
 	withID.Data = []byte{0, 1, 2, 0xff}
+	withID.PackHeader(withID.Header) // as the lane leaves them (drain.PackedHeaderReader)
 	withoutID := testMessage()
 	withoutID.StreamSeq = 43
-	withoutID.Header = map[string][]string{"Trace-Id": {"def"}}
+	withoutID.Header = map[string][]string{"Trace-Id": {"def"}} // and as a map
 
 	for delivery := uint64(1); delivery <= 3; delivery++ { // redeliveries
 		for _, m := range []*shaper.Message{withID, withoutID} {

@@ -210,7 +210,7 @@ func (t *URLTemplate) Expand(m *shaper.Message) (string, error) {
 			b.WriteString(p.lit)
 			continue
 		case partHeader:
-			v = headerValue(m.Header, p.header)
+			v = m.HeaderFirst(p.header)
 			if v == "" {
 				return "", fmt.Errorf("sink.url %s: the message has no header %q (or it is empty): %w", p.text, p.header, shaper.ErrInvalidMessage)
 			}
@@ -232,21 +232,6 @@ func (t *URLTemplate) Expand(m *shaper.Message) (string, error) {
 	}
 	b.WriteString(t.frag)
 	return b.String(), nil
-}
-
-// headerValue returns the first value of header name in h: an exact match
-// first, else one whose name equals it ignoring case (NATS headers keep the
-// producer's case; HTTP header names are case-insensitive).
-func headerValue(h map[string][]string, name string) string {
-	if v := h[name]; len(v) > 0 {
-		return v[0]
-	}
-	for k, v := range h {
-		if len(v) > 0 && strings.EqualFold(k, name) {
-			return v[0]
-		}
-	}
-	return ""
 }
 
 // subjectToken returns token n of subject (from 0), "" when there is none.

@@ -2,6 +2,7 @@ package sinks_test
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -76,22 +77,28 @@ func TestURLTemplateExpand(t *testing.T) {
 		{"dot-dot in the path", "http://h/m/{header:m}/cb", msg("a", map[string][]string{"m": {".."}}), "", "climb the path"},
 		{"dot-dot in the query is a value", "http://h/cb?m={header:m}", msg("a", map[string][]string{"m": {".."}}), "http://h/cb?m=..", ""},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			tmpl, err := sinks.ParseURLTemplate(tc.tmpl)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := tmpl.Expand(tc.m)
-			if tc.want == "" {
-				if !errors.Is(err, shaper.ErrInvalidMessage) || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("Expand = %q, %v; want ErrInvalidMessage with %q", got, err, tc.wantErr)
+		for _, packed := range []bool{false, true} { // packed: as the lane leaves them (drain.PackedHeaderReader)
+			t.Run(fmt.Sprintf("%s/packed=%v", tc.name, packed), func(t *testing.T) {
+				tmpl, err := sinks.ParseURLTemplate(tc.tmpl)
+				if err != nil {
+					t.Fatal(err)
 				}
-				return
-			}
-			if err != nil || got != tc.want {
-				t.Fatalf("Expand = %q, %v; want %q", got, err, tc.want)
-			}
-		})
+				m := *tc.m
+				if packed {
+					m.PackHeader(tc.m.Header)
+				}
+				got, err := tmpl.Expand(&m)
+				if tc.want == "" {
+					if !errors.Is(err, shaper.ErrInvalidMessage) || !strings.Contains(err.Error(), tc.wantErr) {
+						t.Fatalf("Expand = %q, %v; want ErrInvalidMessage with %q", got, err, tc.wantErr)
+					}
+					return
+				}
+				if err != nil || got != tc.want {
+					t.Fatalf("Expand = %q, %v; want %q", got, err, tc.want)
+				}
+			})
+		}
 	}
 }
 
