@@ -187,3 +187,37 @@ func TestRedisLateDropMadeUp(t *testing.T) {
 		}
 	})
 }
+
+// TestLaneSlotsDropped: Dropped counts the slots a replica was too late
+// for — the held slot it releases and the stale slots of its lease — with
+// their lateness (the benchmark's account of a shortfall, section 6).
+func TestLaneSlotsDropped(t *testing.T) {
+	rd := startRedis(t)
+	ctx := context.Background()
+	shift := new(atomic.Int64)
+	rs := newSlots(t, rd.Addr, WithRedisClock(func() time.Time { return time.Now().Add(time.Duration(shift.Load())) }))
+	ls := rs.Lane("dropped")
+	iv := interval(5000) // leases of 10 slots (leaseSpan 2 ms)
+	req := slotReq(iv)
+	tol := shaper.SlotTolerance(iv, req.Slack, req.MinSpacing)
+	held, err := ls.Reserve(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Too late for the held slot: it is released.
+	shift.Store(int64(time.Until(held) + tol + iv/2))
+	if err := ls.Release(ctx, held, req); err != nil {
+		t.Fatal(err)
+	}
+	if n, late := ls.Dropped(); n != 1 || late < tol || late > tol+iv {
+		t.Fatalf("Dropped() = %d, %v after one release, want 1, about %v", n, late, tol+iv/2)
+	}
+	// Four intervals later: the next slots of the lease are stale.
+	shift.Store(int64(time.Until(held) + 4*iv + iv/2))
+	if _, err := ls.Reserve(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := ls.Dropped(); n < 4 {
+		t.Errorf("Dropped() = %d after four intervals more of a lease, want ≥ 4 (1 released + the stale slots)", n)
+	}
+}

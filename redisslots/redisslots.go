@@ -284,6 +284,12 @@ type LaneSlots struct {
 	handed     time.Time
 	handedComp float64
 
+	// dropped counts the slots dropped because their departure came too
+	// late (a stale slot of the lease, or the handed slot released), and
+	// droppedLate sums their lateness (Dropped).
+	dropped     int64
+	droppedLate time.Duration
+
 	calls atomic.Int64 // round trips (script runs), for benchmarks
 	// remaining is the shared quota's remainder at the last answer that
 	// carried one; -1 before it.
@@ -334,6 +340,30 @@ func (l *lease) dropStale(now time.Time, tol time.Duration) (owed time.Duration,
 		l.next++
 	}
 	return owed, comp
+}
+
+// dropStale drops the lease's slots older than tol, counts them (Dropped)
+// and owes their make-up; s.mu is held.
+func (s *LaneSlots) dropStale(tol time.Duration) {
+	now := s.r.clock()
+	first := s.lease.next
+	s.owe(s.lease.dropStale(now, tol))
+	for i := first; i < s.lease.next; i++ {
+		s.dropped++
+		s.droppedLate += now.Sub(s.lease.slot(i))
+	}
+}
+
+// Dropped returns how many slots this replica dropped because its
+// departure came later than shaper.SlotTolerance after them, and their mean
+// lateness (benchmarks: what a shortfall of the shared rate is made of).
+func (s *LaneSlots) Dropped() (n int64, meanLate time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dropped == 0 {
+		return 0, 0
+	}
+	return s.dropped, s.droppedLate / time.Duration(s.dropped)
 }
 
 // owe adds the make-up m for dropped slots, the earliest of them at the
@@ -398,12 +428,12 @@ func (s *LaneSlots) Reserve(ctx context.Context, r drain.SlotRequest) (time.Time
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	tol := shaper.SlotTolerance(interval, r.Slack, r.MinSpacing)
-	s.owe(s.lease.dropStale(s.r.clock(), tol))
+	s.dropStale(tol)
 	if s.lease.next >= s.lease.n && s.ahead != nil {
 		if err := s.adoptAhead(ctx); err != nil {
 			return time.Time{}, err // the shared quota is spent, or ctx ended
 		}
-		s.owe(s.lease.dropStale(s.r.clock(), tol))
+		s.dropStale(tol)
 	}
 	if s.lease.next < s.lease.n {
 		return s.handOut(ctx, r), nil
@@ -644,7 +674,10 @@ func (s *LaneSlots) Release(ctx context.Context, slot time.Time, r drain.SlotReq
 	s.mu.Lock()
 	if r.Interval > 0 {
 		if slot.Equal(s.handed) { // else not the slot it holds: nothing is known of it
-			s.owe(lateMakeUp(s.r.clock().Sub(slot), r.Interval, shaper.SlotTolerance(r.Interval, r.Slack, r.MinSpacing)), s.handedComp)
+			late := s.r.clock().Sub(slot)
+			s.owe(lateMakeUp(late, r.Interval, shaper.SlotTolerance(r.Interval, r.Slack, r.MinSpacing)), s.handedComp)
+			s.dropped++
+			s.droppedLate += late
 		}
 	}
 	set := s.sync.set
