@@ -58,8 +58,8 @@ func (l *Lane) worker(m *shaper.Message) {
 	wait:
 		select {
 		case m = <-l.workers.work:
-		case now := <-idle.C:
-			if rest := workerIdle - now.Sub(last); rest > 0 {
+		case <-idle.C: // it may have fired during the task: measure from its end
+			if rest := workerIdle - time.Since(last); rest > 0 {
 				idle.Reset(rest)
 				goto wait
 			}

@@ -72,3 +72,34 @@ func TestWorkerIdleExit(t *testing.T) {
 		})
 	}
 }
+
+// TestWorkerIdleAfterLongTask: the idle time counts from the end of the
+// task, also when the idle timer fired during a task longer than
+// workerIdle: after a 3 s task and 1.5 s without one, the worker is gone.
+func TestWorkerIdleAfterLongTask(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := laneConfig(1 / 4.5) // departures at 0 s and 4.5 s
+		cfg.Rate.Warmup.ColdFactor = 1
+		cfg.Task.Timeout = 10 * time.Second
+		first := true
+		sink := &recSink{behave: func(call) (time.Duration, error) {
+			if first {
+				first = false
+				return 3 * time.Second, nil
+			}
+			return 0, nil
+		}}
+		h := newHarness(t, cfg, sink)
+		h.src.Publish(2)
+		h.lane.Start()
+		time.Sleep(6 * time.Second)
+		synctest.Wait()
+		h.stop(time.Second)
+		if n := len(sink.snapshot()); n != 2 {
+			t.Fatalf("%d delivered, want 2", n)
+		}
+		if n := h.lane.workers.started.Load(); n != 2 {
+			t.Errorf("%d workers started, want 2 (the first idle 1.5 s after its task ended)", n)
+		}
+	})
+}
