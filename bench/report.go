@@ -373,18 +373,21 @@ cannot keep up at all; uber ratelimit with its default slack keeps the average o
    in-memory-source row isolates the lane from NATS.
 
 5. *Throughput ceiling* (section 3): at full speed the lane spends per message what the bare consumer
-   does, plus the bucket's and the lane's mutexes, the metric updates, a timeout context per task and the
-   hand-over from the departure loop to a worker; the profile of docs/performance.md names them. It is
-   far above any rate a rigid downstream accepts.
+   does, plus the bucket's and the lane's mutexes, the metric updates, a timeout context per task (three
+   to four allocations and a timer), the compact form of each queued message (its headers packed, its
+   payload copied out of nats.go's buffer, its ack subject rebuilt for the ack: item 7) and the hand-over
+   from the departure loop to a worker; the CPU and allocation profiles of docs/performance.md name them
+   (about 12 allocations per message more than the bare consumer). It is far above any rate a rigid
+   downstream accepts.
 
 6. *Spacing at the sink, not only at departure.* Section 4's window column is taken at the sink calls.
    A departure becomes a task goroutine, and a goroutine that starts late can run its Send right before
    the next one's: where a shaper lane row shows a count above the ideal (a *), two sink calls bunched
-   although their departures were spaced. drain/lane.go keeps the spacing at the wire only for sinks that
-   implement WireReporter (sinks.HTTP); the nats and log sinks, like this harness's no-op sink, do not,
-   so for them G1 holds at departure but not necessarily at the downstream. *Fix:* report the wire time
-   from every sink (for the nats sink: after the publish is written), or start Send on the departure
-   loop's own goroutine when the sink is non-blocking.
+   although their departures were spaced. drain/depart.go keeps the spacing at the wire for sinks that
+   implement WireReporter (sinks.HTTP and sinks.NATS, which report when the request or the publish is
+   written); the log sink, like this harness's no-op sink, does not, so for them G1 holds at departure
+   but not necessarily at the sink call. *Fix:* start Send on the departure loop's own goroutine when the
+   sink is non-blocking.
 
 7. *Memory* (section 5, issue 15): a queued message is its payload, one allocation of the shaper.Message
    with its ack state (320 bytes), its headers packed into one string until it departs, and the bucket's
@@ -394,6 +397,13 @@ cannot keep up at all; uber ratelimit with its default slack keeps the average o
    server's buffers; past ~64 MiB of payloads Go's default GC headroom (the live heap again) passes the RSS
    bound, so the daemon sets the runtime's soft memory limit from what its buckets may hold
    (drain.MemoryBudget; an operator's GOMEMLIMIT wins). Profiles and the breakdown: docs/performance.md.
+
+8. *The shared rate over 3 replicas* (section 6): what the merged departures lack of the limit is the
+   slots the replicas dropped (the *dropped slots* column), less what the schedule made up: a replica
+   whose departure comes later than shaper.SlotTolerance after its slot (5 % of an interval at slack 0)
+   must not use it, or it could meet the next replica's slot. Three replicas' waiters, clients and
+   reserves share this process's 2 cores, so they wake 100–200 µs late several times a second; replicas
+   on machines of their own wake as one lane does (docs/performance.md).
 
 **Caveats.** Timestamps in sections 1–2 are taken in-process, in the pacing goroutine, at departure: they
 judge the pacer, not the wire (the demo's rigid server judges kernel receive timestamps). CPU is the whole
