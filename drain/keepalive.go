@@ -44,14 +44,16 @@ func (l *Lane) houseLoop() {
 			gauge.Reset(period)
 		case <-gauge.C:
 			now := time.Now()
+			l.noteHoldEnd(now) // first: the gauges below show the lane after the end
 			l.mu.Lock()
 			rate := l.pacer.Rate(now)
-			paused := now.Before(l.pacer.PausedUntil())
-			if _, held := l.holdUntil(now); held || l.quota.held { // quota.go
+			pauseEnd := l.pacer.PausedUntil()
+			paused := now.Before(pauseEnd)
+			until, held := l.holdUntil(now)
+			if held || l.quota.held { // quota.go
 				paused, rate = true, 0
 			}
 			l.mu.Unlock()
-			l.noteHoldEnd(now)
 			l.m.RateLimit.Set(rate)
 			if paused {
 				l.m.Paused.Set(1)
@@ -70,11 +72,26 @@ func (l *Lane) houseLoop() {
 			}
 			lastRate = rate
 			l.houseSlow.Store(period > houseEvery)
-			gauge.Reset(period)
+			gauge.Reset(untilEnd(now, period, pauseEnd, until, held))
 		case <-progress.C:
 			l.touch(time.Now(), ackWait/2)
 		}
 	}
+}
+
+// untilEnd is the wait for the next house tick: period, or less when a
+// pause (pauseEnd) or an operator's hold (until, when held) ends sooner, so
+// that the gauges and the log show its end when it comes, not up to a
+// period later.
+func untilEnd(now time.Time, period time.Duration, pauseEnd, until time.Time, held bool) time.Duration {
+	d := period
+	if pauseEnd.After(now) {
+		d = min(d, pauseEnd.Sub(now))
+	}
+	if held && until.After(now) {
+		d = min(d, until.Sub(now))
+	}
+	return d
 }
 
 // quiet reports whether the lane has nothing for the house loop to watch

@@ -50,3 +50,30 @@ func TestHouseLoopStretchesWhenQuiet(t *testing.T) {
 		h.stop(time.Second)
 	})
 }
+
+// TestHoldEndShownAtOnce: the gauges show the end of a timed operator hold
+// when it comes, on a lane idle long enough for a stretched house period:
+// paused 0 and the rate back together, not a period later (found by a
+// new-user pass: for half a second after the end the metrics read "not
+// paused, rate 0").
+func TestHoldEndShownAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := laneConfig(20)
+		cfg.Rate.Warmup.ColdFactor = 1
+		h := newHarness(t, cfg, &recSink{})
+		h.lane.Start()
+		time.Sleep(30 * time.Second) // idle: the house period is stretched
+		synctest.Wait()
+		h.lane.Hold(Hold{Until: time.Now().Add(2*time.Second + 300*time.Millisecond), Reason: "test"})
+		synctest.Wait()
+		if p := testutil.ToFloat64(h.m.Paused); p != 1 {
+			t.Fatalf("paused gauge %v during the hold, want 1", p)
+		}
+		time.Sleep(2*time.Second + 301*time.Millisecond)
+		synctest.Wait()
+		if p, r := testutil.ToFloat64(h.m.Paused), testutil.ToFloat64(h.m.RateLimit); p != 0 || r != 20 {
+			t.Errorf("1 ms after the hold's end: paused %v, rate %v; want 0 and 20", p, r)
+		}
+		h.stop(time.Second)
+	})
+}

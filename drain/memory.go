@@ -132,11 +132,13 @@ func (b *MemoryBudget) update() {
 		return
 	}
 	b.set(want)
-	if b.limit == math.MaxInt64 || want == math.MaxInt64 {
-		b.log.Info("memory limit from what the buckets may hold", "limit_bytes", want, "lanes_share_bytes", share, "lanes", len(b.lanes))
-	} else {
-		b.log.Debug("memory limit from what the buckets may hold", "limit_bytes", want, "lanes_share_bytes", share, "lanes", len(b.lanes))
+	// Every change is logged: they are rare (a lane's largest payload so
+	// far grows, a reload, a lane's end); limit_bytes -1 means none.
+	logged := want
+	if want == math.MaxInt64 {
+		logged = -1
 	}
+	b.log.Info("memory limit from what the buckets may hold", "limit_bytes", logged, "lanes_share_bytes", share, "lanes", len(b.lanes))
 	b.limit = want
 }
 

@@ -2,6 +2,7 @@ package drain
 
 import (
 	"context"
+	"log/slog"
 	"math"
 	"sync"
 	"testing"
@@ -42,7 +43,8 @@ func (s *limitSpy) last() (int64, int) {
 func TestMemoryBudget(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		spy := &limitSpy{}
-		b := newMemoryBudget(spy.setLimit, nil)
+		logs := &logRecorder{}
+		b := newMemoryBudget(spy.setLimit, slog.New(logs))
 		small := laneConfig(1000) // capacity 1000, max_in_flight 8
 		big := laneConfig(20)
 		big.Bucket.Capacity = 300
@@ -94,8 +96,13 @@ func TestMemoryBudget(t *testing.T) {
 		cancel()
 		srcA.Close()
 		srcB.Close()
-		if v, _ := spy.last(); v != math.MaxInt64 {
+		v, sets := spy.last()
+		if v != math.MaxInt64 {
 			t.Errorf("limit %d after the large lane ended, want none (MaxInt64)", v)
+		}
+		// Every change is logged (an operator sees a raised limit too).
+		if n := logs.count(slog.LevelInfo, "memory limit from what the buckets may hold"); n != sets {
+			t.Errorf("%d log lines for %d changes of the limit", n, sets)
 		}
 	})
 }
