@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/drain"
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/sources"
 )
@@ -224,7 +225,7 @@ func runMemoryOnly(quick bool, profile string, stdout, stderr io.Writer) int {
 
 // memBound is the issue's bound on the heap of one queued message: its
 // payload plus 512 bytes (issue 15).
-const memBound = payloadSize + 512
+const memBound = payloadSize + drain.MessageOverhead
 
 func holdsWord(ok bool) string {
 	if ok {
@@ -267,7 +268,8 @@ func (r *Results) memoryMarkdown() string {
 	w("asked for 150 MiB at once, the server disconnected it twice and 97 messages waited for their ack wait.\n")
 	w("*Server HWM* is the nats-server process's own peak, for scale (not in the bound). *memory limit*: the Go\n")
 	w("runtime's soft memory limit that the daemon's `drain.MemoryBudget` set for the lane (Σ (capacity +\n")
-	w("max_in_flight) × (largest payload + 512 B) + 40 MiB, from 64 MiB of that share on), or none. Without it\n")
+	w("max_in_flight) × (largest payload + %d B) + %d MiB, from %d MiB of that share on), or none. Without it\n",
+		drain.MessageOverhead, drain.MemoryHeadroom>>20, drain.MemoryEngage>>20)
 	w("Go's GC lets the heap grow by the live heap (GOGC=100) before it collects, so past ~64 MiB of payloads the\n")
 	w("headroom alone passes the bound: docs/performance.md.\n\n")
 	lt := table{head: []string{"capacity", "memory limit", "delivered", "took s", "peak RSS MiB", "bound MiB", "× bound", "RSS at start MiB", "peak heap in use MiB", "GCs", "slow consumer", "disconnects", "server HWM MiB", "bound holds"}}
@@ -314,7 +316,7 @@ func (l largeRow) limitWord() string {
 	case !l.Budget:
 		return "no memory budget (Go's default GC)"
 	case l.Limit == 0:
-		return "memory budget, no limit set (share under 64 MiB)"
+		return fmt.Sprintf("memory budget, no limit set (share under %d MiB)", drain.MemoryEngage>>20)
 	default:
 		return "memory budget, limit " + mib(uint64(l.Limit)) + " MiB"
 	}

@@ -53,6 +53,7 @@ func (l *Lane) houseLoop() {
 			if held || l.quota.held { // quota.go
 				paused, rate = true, 0
 			}
+			inFlight := len(l.inflight) > 0
 			l.mu.Unlock()
 			l.m.RateLimit.Set(rate)
 			if paused {
@@ -65,7 +66,7 @@ func (l *Lane) houseLoop() {
 			l.sweepExpired(now, false)
 			l.flushDeadLetterLog(now, false)
 			l.probeIdle(now)
-			if !paused && rate == lastRate && l.quiet() {
+			if !paused && rate == lastRate && !inFlight && l.quiet() {
 				period = min(2*period, houseIdleEvery)
 			} else {
 				period = houseEvery
@@ -95,15 +96,11 @@ func untilEnd(now time.Time, period time.Duration, pauseEnd, until time.Time, he
 }
 
 // quiet reports whether the lane has nothing for the house loop to watch
-// but its gauges: nothing held or in flight, no dead-letter summary due, not
-// in a shared schedule's fallback (see houseIdleEvery).
+// but its gauges, beyond what the tick itself checks (a pause, a hold, the
+// quota, tasks in flight, the rate): nothing in the bucket, no dead-letter
+// summary due, not in a shared schedule's fallback (see houseIdleEvery).
 func (l *Lane) quiet() bool {
-	if l.bucket.Len() > 0 || l.dlLog.pending() || l.global != nil && l.global.fallbackNow.Load() {
-		return false
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.inflight) == 0 && l.hold == nil && !l.quota.held
+	return l.bucket.Len() == 0 && !l.dlLog.pending() && (l.global == nil || !l.global.fallbackNow.Load())
 }
 
 // nudgeHouse brings the house loop's short period back when it was

@@ -77,3 +77,44 @@ func TestHoldEndShownAtOnce(t *testing.T) {
 		h.stop(time.Second)
 	})
 }
+
+// TestHouseLoopShortWhileInFlight: a task in flight keeps the short period
+// (the lane is not quiet although its bucket is empty).
+func TestHouseLoopShortWhileInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := laneConfig(100)
+		cfg.Rate.Warmup.ColdFactor = 1
+		cfg.Task.Timeout = 20 * time.Second
+		h := newHarness(t, cfg, &recSink{behave: func(call) (time.Duration, error) { return 10 * time.Second, nil }})
+		h.src.Publish(1)
+		h.lane.Start()
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if h.lane.houseSlow.Load() {
+			t.Error("the house period stretched while a task was in flight")
+		}
+		time.Sleep(6 * time.Second)
+		synctest.Wait()
+		h.stop(time.Second)
+	})
+}
+
+// TestHouseLoopShortWhileHolding: messages waiting in the bucket keep the
+// short period, so that bucket.max_age expires them on time while the
+// departure loop sleeps until its next departure (here 10 s away).
+func TestHouseLoopShortWhileHolding(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := laneConfig(0.1)
+		cfg.Rate.Warmup.ColdFactor = 1
+		cfg.Bucket.MaxAge = 3 * time.Second
+		h := newHarness(t, cfg, &recSink{})
+		h.src.Publish(3)
+		h.lane.Start()
+		time.Sleep(3*time.Second + 300*time.Millisecond)
+		synctest.Wait()
+		if n := len(h.dead.snapshot()); n != 2 {
+			t.Errorf("%d dead letters 0.3 s after max_age, want the 2 messages still held", n)
+		}
+		h.stop(time.Second)
+	})
+}

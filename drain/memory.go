@@ -94,9 +94,9 @@ func (b *MemoryBudget) join(l *Lane) {
 		return
 	}
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	b.lanes[l] = struct{}{}
-	b.mu.Unlock()
-	b.update()
+	b.setLocked()
 }
 
 // leave removes l (its bucket is empty: the lane ended) and sets the limit
@@ -106,9 +106,9 @@ func (b *MemoryBudget) leave(l *Lane) {
 		return
 	}
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	delete(b.lanes, l)
-	b.mu.Unlock()
-	b.update()
+	b.setLocked()
 }
 
 // update sets the limit from the lanes' configurations and the largest
@@ -119,6 +119,11 @@ func (b *MemoryBudget) update() {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.setLocked()
+}
+
+// setLocked is update with b.mu held.
+func (b *MemoryBudget) setLocked() {
 	var share int64
 	for l := range b.lanes {
 		cfg := l.conf()

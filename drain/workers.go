@@ -53,15 +53,15 @@ func (l *Lane) worker(m *shaper.Message) {
 	defer l.workers.wg.Done()
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
+	last := l.runTask(m)
 	for {
-		last := l.runTask(m)
-	wait:
 		select {
 		case m = <-l.workers.work:
+			last = l.runTask(m)
 		case <-idle.C: // it may have fired during the task: measure from its end
 			if rest := workerIdle - time.Since(last); rest > 0 {
 				idle.Reset(rest)
-				goto wait
+				continue
 			}
 			return
 		case <-l.workers.stop:

@@ -41,29 +41,40 @@ func TestLaneTasksReuseWorkers(t *testing.T) {
 // TestWorkerIdleExit: a worker exits once it has been idle for workerIdle,
 // counted from the end of its last task (the timer is not reset per task,
 // workers.go): tasks 0.6 s apart keep one worker, tasks 1.5 s apart start
-// one each.
+// one each, and after a 3 s task (the idle timer fired during it) and 1.5 s
+// without one the worker is gone.
 func TestWorkerIdleExit(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		limit   float64 // departures per second
+		limit   float64       // departures per second
+		msgs    int           // published at once
+		first   time.Duration // the first sink call's latency; the others return at once
+		span    time.Duration
 		workers int64
 	}{
-		{"0.6 s apart", 1 / 0.6, 1},
-		{"1.5 s apart", 1 / 1.5, 4},
+		{"0.6 s apart", 1 / 0.6, 4, 0, 7 * time.Second, 1},
+		{"1.5 s apart", 1 / 1.5, 4, 0, 7 * time.Second, 4},
+		{"1.5 s after a 3 s task", 1 / 4.5, 2, 3 * time.Second, 6 * time.Second, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				cfg := laneConfig(tc.limit)
 				cfg.Rate.Warmup.ColdFactor = 1
-				sink := &recSink{}
+				cfg.Task.Timeout = 10 * time.Second
+				sink := &recSink{behave: func(c call) (time.Duration, error) {
+					if c.id == "msg-0" {
+						return tc.first, nil
+					}
+					return 0, nil
+				}}
 				h := newHarness(t, cfg, sink)
-				h.src.Publish(4)
+				h.src.Publish(tc.msgs)
 				h.lane.Start()
-				time.Sleep(7 * time.Second)
+				time.Sleep(tc.span)
 				synctest.Wait()
 				h.stop(time.Second)
-				if n := len(sink.snapshot()); n != 4 {
-					t.Fatalf("%d delivered, want 4", n)
+				if n := len(sink.snapshot()); n != tc.msgs {
+					t.Fatalf("%d delivered, want %d", n, tc.msgs)
 				}
 				if n := h.lane.workers.started.Load(); n != tc.workers {
 					t.Errorf("%d workers started, want %d", n, tc.workers)
@@ -71,35 +82,4 @@ func TestWorkerIdleExit(t *testing.T) {
 			})
 		})
 	}
-}
-
-// TestWorkerIdleAfterLongTask: the idle time counts from the end of the
-// task, also when the idle timer fired during a task longer than
-// workerIdle: after a 3 s task and 1.5 s without one, the worker is gone.
-func TestWorkerIdleAfterLongTask(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		cfg := laneConfig(1 / 4.5) // departures at 0 s and 4.5 s
-		cfg.Rate.Warmup.ColdFactor = 1
-		cfg.Task.Timeout = 10 * time.Second
-		first := true
-		sink := &recSink{behave: func(call) (time.Duration, error) {
-			if first {
-				first = false
-				return 3 * time.Second, nil
-			}
-			return 0, nil
-		}}
-		h := newHarness(t, cfg, sink)
-		h.src.Publish(2)
-		h.lane.Start()
-		time.Sleep(6 * time.Second)
-		synctest.Wait()
-		h.stop(time.Second)
-		if n := len(sink.snapshot()); n != 2 {
-			t.Fatalf("%d delivered, want 2", n)
-		}
-		if n := h.lane.workers.started.Load(); n != 2 {
-			t.Errorf("%d workers started, want 2 (the first idle 1.5 s after its task ended)", n)
-		}
-	})
 }

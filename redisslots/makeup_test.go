@@ -194,8 +194,15 @@ func TestRedisLateDropMadeUp(t *testing.T) {
 func TestLaneSlotsDropped(t *testing.T) {
 	rd := startRedis(t)
 	ctx := context.Background()
-	shift := new(atomic.Int64)
-	rs := newSlots(t, rd.Addr, WithRedisClock(func() time.Time { return time.Now().Add(time.Duration(shift.Load())) }))
+	// The clock stands still at the instants the test sets, so that the
+	// lateness is exact whatever this machine's scheduling delays.
+	var frozen atomic.Pointer[time.Time]
+	rs := newSlots(t, rd.Addr, WithRedisClock(func() time.Time {
+		if f := frozen.Load(); f != nil {
+			return *f
+		}
+		return time.Now()
+	}))
 	ls := rs.Lane("dropped")
 	iv := interval(5000) // leases of 10 slots (leaseSpan 2 ms)
 	req := slotReq(iv)
@@ -205,19 +212,22 @@ func TestLaneSlotsDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Too late for the held slot: it is released.
-	shift.Store(int64(time.Until(held) + tol + iv/2))
+	at := held.Add(tol + iv/2)
+	frozen.Store(&at)
 	if err := ls.Release(ctx, held, req); err != nil {
 		t.Fatal(err)
 	}
-	if n, late := ls.Dropped(); n != 1 || late < tol || late > tol+iv {
-		t.Fatalf("Dropped() = %d, %v after one release, want 1, about %v", n, late, tol+iv/2)
+	if n, late := ls.Dropped(); n != 1 || late != tol+iv/2 {
+		t.Fatalf("Dropped() = %d, %v after one release, want 1, %v", n, late, tol+iv/2)
 	}
-	// Four intervals later: the next slots of the lease are stale.
-	shift.Store(int64(time.Until(held) + 4*iv + iv/2))
+	// Four and a half intervals after the held slot: the lease's next four
+	// slots are older than the tolerance, the fifth is not.
+	at = held.Add(4*iv + iv/2)
+	frozen.Store(&at)
 	if _, err := ls.Reserve(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := ls.Dropped(); n < 4 {
-		t.Errorf("Dropped() = %d after four intervals more of a lease, want ≥ 4 (1 released + the stale slots)", n)
+	if n, _ := ls.Dropped(); n != 5 {
+		t.Errorf("Dropped() = %d, want 5 (1 released + 4 stale slots of the lease)", n)
 	}
 }
