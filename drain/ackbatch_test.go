@@ -2,6 +2,7 @@ package drain
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -171,4 +172,59 @@ func TestLaneDrainSendsHeldAcks(t *testing.T) {
 		}
 		h.src.Close()
 	})
+}
+
+// TestLaneAcksBatched: at 1,000/s the acks of successful deliveries leave
+// in batches of about ackBatchDelay's worth, not one send per delivery; at
+// 10/s each leaves the instant its task ends (the task hands its end
+// instant to the batch: a wrong one holds them for ackBatchDelay).
+func TestLaneAcksBatched(t *testing.T) {
+	for _, tc := range []struct {
+		rate      float64
+		msgs      int
+		span      time.Duration
+		instants  int  // at most this many send instants
+		immediate bool // every ack sent the instant its sink call returned
+	}{
+		{1000, 200, time.Second, 60, false}, // 200 ms of deliveries: ~20 batches, plus the sends before pulls
+		{10, 20, 3 * time.Second, 20, true},
+	} {
+		t.Run(fmt.Sprintf("%v/s", tc.rate), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				sink := &recSink{}
+				cfg := laneConfig(tc.rate)
+				cfg.Rate.Warmup.ColdFactor = 1
+				h := newHarness(t, cfg, sink)
+				var mu sync.Mutex
+				instants := map[time.Time]int{} // acks sent at each instant
+				send := h.lane.acks.send
+				h.lane.acks.send = func(ctx context.Context, m *shaper.Message) {
+					mu.Lock()
+					instants[time.Now()]++
+					mu.Unlock()
+					send(ctx, m)
+				}
+				h.src.Publish(tc.msgs)
+				h.lane.Start()
+				time.Sleep(tc.span)
+				synctest.Wait()
+				h.stop(time.Second)
+				if n := h.src.Count(sourcetest.Acked); n != tc.msgs {
+					t.Fatalf("%d acked, want %d", n, tc.msgs)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if len(instants) > tc.instants {
+					t.Errorf("acks sent at %d instants for %d deliveries, want at most %d", len(instants), tc.msgs, tc.instants)
+				}
+				if tc.immediate {
+					for _, c := range sink.snapshot() {
+						if instants[c.at] != 1 {
+							t.Errorf("the ack of %s was not sent the instant its sink call returned", c.id)
+						}
+					}
+				}
+			})
+		})
+	}
 }

@@ -53,7 +53,6 @@ func (l *Lane) Hold(h Hold) {
 	l.m.Paused.Set(1)
 	l.m.RateLimit.Set(0)
 	l.wakeDepartures()
-	l.nudgeHouse() // its end is watched at the short period (keepalive.go)
 }
 
 // Resume ends an operator's hold. Departures continue at the pacer's times

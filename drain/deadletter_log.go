@@ -44,13 +44,6 @@ func (d *deadLetterLog) note(now time.Time, reason string) bool {
 	return false
 }
 
-// pending reports whether dead letters wait for a summary line.
-func (d *deadLetterLog) pending() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return len(d.counts) > 0
-}
-
 // take returns the counts not yet logged, when a period has passed since the
 // last line or force is set, and starts a new period; nil when there is
 // nothing to log yet.

@@ -294,7 +294,6 @@ func (l *Lane) Pause(until time.Time) {
 		l.log.Info("lane paused by downstream", "until", until.Format(time.RFC3339Nano))
 		l.m.Paused.Set(1)
 		l.m.RateLimit.Set(0)
-		l.nudgeHouse() // keepalive.go
 		select {
 		case l.wake <- struct{}{}:
 		default:

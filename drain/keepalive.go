@@ -97,10 +97,11 @@ func untilEnd(now time.Time, period time.Duration, pauseEnd, until time.Time, he
 
 // quiet reports whether the lane has nothing for the house loop to watch
 // but its gauges, beyond what the tick itself checks (a pause, a hold, the
-// quota, tasks in flight, the rate): nothing in the bucket, no dead-letter
-// summary due, not in a shared schedule's fallback (see houseIdleEvery).
+// quota, tasks in flight, the rate): nothing in the bucket, not in a shared
+// schedule's fallback (see houseIdleEvery). A dead-letter summary due
+// meanwhile is written at the next tick, at most houseIdleEvery late.
 func (l *Lane) quiet() bool {
-	return l.bucket.Len() == 0 && !l.dlLog.pending() && (l.global == nil || !l.global.fallbackNow.Load())
+	return l.bucket.Len() == 0 && (l.global == nil || !l.global.fallbackNow.Load())
 }
 
 // nudgeHouse brings the house loop's short period back when it was

@@ -118,3 +118,27 @@ func TestHouseLoopShortWhileHolding(t *testing.T) {
 		h.stop(time.Second)
 	})
 }
+
+// TestReloadShownOnIdleLane: a reload of a quiet lane's rate reaches the
+// rate gauge within the short period, not the stretched one (Update
+// nudges the house loop).
+func TestReloadShownOnIdleLane(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := laneConfig(20)
+		cfg.Rate.Warmup.ColdFactor = 1
+		h := newHarness(t, cfg, &recSink{})
+		h.lane.Start()
+		time.Sleep(30 * time.Second) // idle: the house period is stretched
+		synctest.Wait()
+		cfg.Rate.Limit = 40
+		if err := h.lane.Update(cfg); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(houseEvery + time.Millisecond)
+		synctest.Wait()
+		if r := testutil.ToFloat64(h.m.RateLimit); r != 40 {
+			t.Errorf("rate gauge %v %v after the reload to 40/s, want 40", r, houseEvery)
+		}
+		h.stop(time.Second)
+	})
+}
