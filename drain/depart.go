@@ -135,6 +135,9 @@ func (l *Lane) depart(m *shaper.Message, empty bool, ready, now, scheduled time.
 	l.inflight[m] = struct{}{}
 	if l.reportsWire {
 		l.unwired, l.departedAt = m, now
+		if l.global != nil {
+			l.global.wireSlot = l.global.held // zero in the fallback
+		}
 	}
 	l.mu.Unlock()
 	if l.global != nil {
@@ -269,11 +272,20 @@ func (l *Lane) wired(m *shaper.Message, t time.Time) {
 	l.mu.Lock()
 	moved := l.pacer.Wire(m.Departed, t)
 	l.quotaWired(m.Departed, t) // rate.quota (quota.go)
+	var slot time.Time
+	var shift time.Duration
 	if l.unwired == m {
 		l.unwired = nil
 		moved = true
+		if l.global != nil { // the shared schedule (global.go)
+			slot = l.global.wireSlot
+			shift = l.lateWrite(slot, m.Departed, t)
+		}
 	}
 	l.mu.Unlock()
+	if shift > 0 {
+		l.shiftSchedule(slot, shift)
+	}
 	if moved {
 		select {
 		case l.wake <- struct{}{}:

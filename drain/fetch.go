@@ -16,6 +16,8 @@ func (l *Lane) fetchLoop() {
 	defer close(l.fetchDone)
 	reject := l.conf().Bucket.Overflow == "reject"
 	backoff := 100 * time.Millisecond
+	var failures int // consecutive failed pulls
+	var failedSince, warned time.Time
 	for {
 		select {
 		case <-l.fetchStop:
@@ -51,22 +53,56 @@ func (l *Lane) fetchLoop() {
 			l.bucket.Release(want - got)
 		}
 		if err != nil {
-			l.log.Warn("fetch failed", "err", err, "retry_in", backoff)
+			now := time.Now()
+			if failures == 0 {
+				failedSince = now
+			}
+			failures++
+			// One warning when pulls start failing, and one every
+			// fetchWarnEvery while they go on; the others at debug level
+			// (an election retries a few times a second).
+			if failures == 1 || now.Sub(warned) >= fetchWarnEvery {
+				warned = now
+				l.log.Warn("fetch failed", "err", err, "retry_in", backoff, "failures", failures)
+			} else {
+				l.log.Debug("fetch failed", "err", err, "retry_in", backoff, "failures", failures)
+			}
 			select {
 			case <-l.fetchStop:
 				return
 			case <-time.After(backoff):
 			}
 			// At most 1 s: a consumer leader election on a cluster fails
-			// the pulls ("no responders") for 4–8 s, and the lane must
-			// resume within about a second of the new leader (issue 13,
-			// docs/scaling.md).
+			// the pulls for 4–9 s, and the lane must resume within about a
+			// second of the new leader (issue 13, docs/scaling.md). A pull
+			// that found no leader at all (RetrySoon: "no responders",
+			// answered at once by the server) is tried again within
+			// noLeaderRetry, so that the lane resumes within a quarter of
+			// a second of the election.
 			backoff = min(2*backoff, time.Second)
+			var soon interface{ RetrySoon() bool }
+			if errors.As(err, &soon) && soon.RetrySoon() {
+				backoff = min(backoff, noLeaderRetry)
+			}
 			continue
+		}
+		if failures > 0 {
+			l.log.Info("fetch resumed", "failures", failures, "after", time.Since(failedSince).Round(time.Millisecond))
+			failures = 0
 		}
 		backoff = 100 * time.Millisecond
 	}
 }
+
+// noLeaderRetry caps the fetch back-off after a pull that found no one to
+// serve it (a Source error with RetrySoon() true): the server answers such
+// a pull at once, so trying four times a second costs nothing, and the lane
+// resumes within noLeaderRetry of a new consumer leader.
+const noLeaderRetry = 250 * time.Millisecond
+
+// fetchWarnEvery is how often failing pulls are logged at warning level
+// while they go on.
+const fetchWarnEvery = 10 * time.Second
 
 // fetchLowWater is how many slots must be free before a lane whose bucket
 // still holds messages pulls again: a quarter of the capacity, at most 64.

@@ -86,6 +86,31 @@ type SlotReleaser interface {
 	Release(ctx context.Context, slot time.Time, r SlotRequest) error
 }
 
+// DropNotifier is implemented by a GlobalSchedule that drops slots of its
+// own (the unused slots of a lease that came too late for them): OnDrop
+// gives it the function to call with the number of slots dropped each
+// time, the held slots the lane releases (SlotReleaser) included, for
+// shaper_global_slots_dropped_total. It is called once, before the lane
+// starts; f must be cheap (it may be called under the schedule's lock).
+// For a schedule without it the lane counts the held slots it drops.
+type DropNotifier interface {
+	OnDrop(f func(n int))
+}
+
+// ScheduleShifter is implemented by a GlobalSchedule that can move the
+// slots it has not granted yet later: Shift says that the request of the
+// slot at slot (local time) reached the wire by later than the schedule
+// allows, best effort. The lane calls it from the sink's report of the
+// write (WireReporter), so that a request that left late — a new
+// connection's dial, a write descheduled for milliseconds — cannot bring a
+// whole second of the other replicas' slots into one window of the
+// downstream with it (SPEC G1: the bounds hold for what reaches the
+// downstream; docs/scaling.md, "Late writes"). It costs rate, never a
+// burst.
+type ScheduleShifter interface {
+	Shift(ctx context.Context, slot time.Time, by time.Duration) error
+}
+
 // QuotaReporter is implemented by a GlobalSchedule that knows what the
 // shared quota allows: QuotaRemaining returns the messages the quota
 // allowed in the window at its last answer, or -1 when it has not
@@ -131,7 +156,14 @@ type globalState struct {
 	g    GlobalSchedule
 	hint int
 
-	held      time.Time // slot reserved and not yet used; zero = none
+	held time.Time // slot reserved and not yet used; zero = none
+	// wireSlot is the slot of the message whose request is not yet on the
+	// wire (Lane.unwired), and wireLow the least delay from departure to
+	// the wire lately (lateWrite); both under Lane.mu. shifting is set
+	// while a Shift is under way (one at a time).
+	wireSlot  time.Time
+	wireLow   time.Duration
+	shifting  atomic.Bool
 	fallback  bool      // the store failed: local pacing only
 	nextProbe time.Time // in fallback: when to ask the store again
 	reduced   bool      // the local pacer runs at limit / hint
@@ -178,6 +210,9 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 			if err := rel.Release(ctx, g.held, req); err != nil {
 				l.log.Debug("dropped slot not released from the shared quota", "err", err)
 			}
+		}
+		if _, ok := g.g.(DropNotifier); !ok {
+			l.m.SlotsDropped.Inc()
 		}
 		g.held = time.Time{} // too late for it (a late wake, a pause, a slow wire): not used
 	}
@@ -285,4 +320,70 @@ func (l *Lane) probeIdle(now time.Time) {
 	if !g.probedBack.Swap(true) {
 		l.log.Info("redis answers again: the lane, idle, takes its next departure from the shared schedule")
 	}
+}
+
+// lateWrite is the delay by which the shared schedule must move when m's
+// request, which departed at departed in the slot at slot, reached the
+// wire at t; 0 when none. l.mu is held.
+//
+// The request's lateness is its delay from the slot to the wire beyond the
+// least departure-to-wire delay lately (wireLow: what every request pays,
+// and so every replica's). The schedule leaves room for part of it: its
+// make-up of dropped slots (shaper.MakeUpLag) keeps 151 slots at 150/s more
+// than a second apart by iv − MakeUpLag, half of which is allowed to a late
+// write. A write later than that moves the slots not granted yet by the
+// excess; then the late request and the slots after it keep every whole
+// second of the downstream at W × limit + 1 (docs/scaling.md, "Late
+// writes").
+func (l *Lane) lateWrite(slot, departed, t time.Time) time.Duration {
+	g := l.global
+	if slot.IsZero() || g.fallbackNow.Load() {
+		return 0
+	}
+	d := max(0, t.Sub(departed))
+	low := g.wireLow
+	if low == 0 || d <= low {
+		low, g.wireLow = d, d
+	} else {
+		g.wireLow += wireLowRise // the write path got slower: follow it, slowly
+	}
+	rate := l.pacer.Rate(t)
+	cfg := l.conf()
+	if rate <= 0 || cfg.Rate.Quota.Count > 0 {
+		// Not under a shared quota, as the schedule makes up no dropped
+		// slot there either: its grants replay each window, and a slot
+		// moved into the next one came back as more waits for the quota
+		// (TestGlobalQuotaTwoReplicas: 9 waits a replica instead of 4).
+		return 0
+	}
+	iv := shaper.Limit(rate).Interval()
+	allow := (iv - shaper.MakeUpLag(iv, cfg.Rate.Slack, cfg.Rate.MinSpacing)) / 2
+	return t.Sub(slot) - low - allow
+}
+
+// wireLowRise is how fast the least departure-to-wire delay follows a
+// write path that got slower: per request.
+const wireLowRise = time.Microsecond
+
+// shiftSchedule moves the shared schedule's slots not granted yet later by
+// by (ScheduleShifter), in the background and one call at a time; a late
+// write seen while one is under way is covered by it or lost (best effort:
+// it costs the rate, and a lost one the window it protected).
+func (l *Lane) shiftSchedule(slot time.Time, by time.Duration) {
+	sh, ok := l.global.g.(ScheduleShifter)
+	if !ok || !l.global.shifting.CompareAndSwap(false, true) {
+		return
+	}
+	l.tasks.Add(1)
+	go func() {
+		defer l.tasks.Done()
+		defer l.global.shifting.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), globalPauseTimeout)
+		defer cancel()
+		if err := sh.Shift(ctx, slot, by); err != nil {
+			l.log.Debug("shared schedule not moved after a late write", "by", by, "err", err)
+			return
+		}
+		l.m.ScheduleDelayed.Add(by.Seconds())
+	}()
 }

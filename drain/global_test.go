@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -514,6 +515,100 @@ func TestGlobalLaneReleasesLateSlot(t *testing.T) {
 				t.Errorf("slot %v released %v after it, within its tolerance %v", g.released[i], late, tol)
 			}
 		}
+		// A schedule that does not drop slots itself (no DropNotifier): the
+		// lane counts the held slots it drops.
+		if v := testutil.ToFloat64(h.m.SlotsDropped); v != float64(len(g.released)) {
+			t.Errorf("shaper_global_slots_dropped_total = %v, want %d (the slots released)", v, len(g.released))
+		}
 		t.Logf("%d slots reserved, %d released (lateness %v)", g.reserves, len(g.released), g.lateness)
+	})
+}
+
+// shiftingSchedule is a fakeSchedule that also takes Shift
+// (ScheduleShifter): it records each call and moves the schedule's end.
+type shiftingSchedule struct {
+	*fakeSchedule
+	shifts []shiftCall
+}
+
+type shiftCall struct {
+	slot time.Time
+	by   time.Duration
+}
+
+func (s *shiftingSchedule) Shift(ctx context.Context, slot time.Time, by time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.shifts = append(s.shifts, shiftCall{slot, by})
+	if s.tat.After(slot) {
+		s.tat = s.tat.Add(by)
+	}
+	return nil
+}
+
+// lateWireSink reports each request on the wire 1 ms after its call, and
+// the ones numbered in late (from 0) after lateBy.
+type lateWireSink struct {
+	recSink
+	n      int
+	late   map[int]bool
+	lateBy time.Duration
+}
+
+func (s *lateWireSink) ReportsWire() bool { return true }
+func (s *lateWireSink) Send(ctx context.Context, m *shaper.Message) error {
+	s.mu.Lock()
+	d := time.Millisecond
+	if s.late[s.n] {
+		d = s.lateBy
+	}
+	s.n++
+	s.mu.Unlock()
+	time.Sleep(d)
+	if fn := shaper.WireFrom(ctx); fn != nil {
+		fn(time.Now())
+	}
+	return s.recSink.Send(ctx, m)
+}
+
+// TestGlobalLateWriteShiftsSchedule: a global lane whose request reaches
+// the wire later than the others by more than the schedule allows (half
+// of iv − shaper.MakeUpLag: 0.5 ms at 100/s) moves the shared schedule's
+// slots not granted yet by the excess, once per late request, and never
+// for requests as late as the others (ScheduleShifter; docs/scaling.md
+// "Late writes").
+func TestGlobalLateWriteShiftsSchedule(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := &shiftingSchedule{fakeSchedule: &fakeSchedule{share: 3}}
+		sink := &lateWireSink{late: map[int]bool{9: true, 20: true}, lateBy: 6 * time.Millisecond}
+		h := newGlobalHarness(t, 100, sink, g, 3, nil)
+		h.src.Publish(30)
+		h.lane.Start()
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		h.stop(time.Second)
+		cs := sink.snapshot()
+		if len(cs) != 30 {
+			t.Fatalf("%d delivered, want 30", len(cs))
+		}
+		g.mu.Lock()
+		shifts := slices.Clone(g.shifts)
+		g.mu.Unlock()
+		// 6 ms to the wire, 1 ms more than the others' 1 ms, less the 0.5 ms
+		// allowed: 4.5 ms, for the slots of departures 9 and 20 (the sink
+		// records each call 6 ms after its departure).
+		want := []shiftCall{{cs[9].at.Add(-6 * time.Millisecond), 4500 * time.Microsecond},
+			{cs[20].at.Add(-6 * time.Millisecond), 4500 * time.Microsecond}}
+		if !slices.Equal(shifts, want) {
+			t.Errorf("shifts %v, want %v", shifts, want)
+		}
+		if v := testutil.ToFloat64(h.m.ScheduleDelayed); v != 0.009 {
+			t.Errorf("shaper_global_schedule_delayed_seconds_total = %v, want 0.009 (2 × 4.5 ms)", v)
+		}
+		// The departure after a shift leaves its slot of the moved schedule:
+		// 30 ms (every third slot at 100/s) and the 4.5 ms after the one before.
+		if d := cs[10].at.Sub(cs[9].at.Add(-6*time.Millisecond)) - time.Millisecond; d != 30*time.Millisecond+4500*time.Microsecond {
+			t.Errorf("departure 10 left %v after departure 9, want 34.5ms", d)
+		}
 	})
 }

@@ -174,6 +174,12 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 	l.brk.b = shaper.NewBreaker(breakerConfig(cfg), time.Now())
 	l.m.BucketCapacity.Set(float64(l.bucket.Capacity()))
 	l.m.RateLimit.Set(l.pacer.Rate(time.Now()))
+	if l.global != nil {
+		if dn, ok := l.global.g.(DropNotifier); ok { // it drops slots of its own (global.go)
+			dropped := l.m.SlotsDropped
+			dn.OnDrop(func(n int) { dropped.Add(float64(n)) })
+		}
+	}
 	l.mem.join(l) // memory.go
 	return l, nil
 }

@@ -48,6 +48,15 @@ type Metrics struct {
 	Paused         *prometheus.GaugeVec
 	Fallback       *prometheus.GaugeVec
 	Redelivered    *prometheus.CounterVec
+	// SlotsDropped is shaper_global_slots_dropped_total (rate.global): the
+	// shared schedule's slots this replica held and did not use because
+	// its departure came later than shaper.SlotTolerance after them.
+	SlotsDropped *prometheus.CounterVec
+	// ScheduleDelayed is shaper_global_schedule_delayed_seconds_total
+	// (rate.global): how far this replica moved the shared schedule's
+	// slots not granted yet, in seconds, after its requests reached the
+	// wire late (drain.ScheduleShifter).
+	ScheduleDelayed *prometheus.CounterVec
 	// BreakerOpen is shaper_breaker_open (SPEC §3 Breaker).
 	BreakerOpen *prometheus.GaugeVec
 	// FairActiveKeys is shaper_fair_active_keys (bucket.fair_key): keys
@@ -175,6 +184,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		Paused:       f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_lane_paused", Help: "1 while the lane's departures are paused: a downstream's Retry-After or spent rate-limit budget, a spent quota, or an operator's pause."}, lane),
 		Fallback:     f.NewGaugeVec(prometheus.GaugeOpts{Name: "shaper_global_limiter_fallback", Help: "1 while Redis is unreachable and the lane paces locally at limit/replicas_hint."}, lane),
 		Redelivered:  f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_redelivered_messages_total", Help: "Messages received with a delivery count above 1."}, lane),
+		SlotsDropped: f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_global_slots_dropped_total",
+			Help: "Slots of the shared schedule (rate.global) this replica held and did not use: its departure came later than the slot tolerance after them (a late wake-up, a stall). The schedule makes up part of them; the rest is the shared rate's shortfall."}, lane),
+		ScheduleDelayed: f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_global_schedule_delayed_seconds_total",
+			Help: "Seconds by which this replica moved the shared schedule's slots not granted yet after its requests reached the wire later than the others (rate.global): rate given up so that the downstream's windows hold."}, lane),
 		ReloadSuccessful: f.NewGauge(prometheus.GaugeOpts{Name: "shaper_config_last_reload_successful",
 			Help: "1 when the last configuration loaded (start, SIGHUP, a change of the file) was valid and applied, 0 when it was rejected and the running one stayed."}),
 		ReloadSuccessTime: f.NewGauge(prometheus.GaugeOpts{Name: "shaper_config_last_reload_success_timestamp_seconds",
@@ -244,6 +257,11 @@ type Lane struct {
 	Paused         prometheus.Gauge
 	Fallback       prometheus.Gauge
 	Redelivered    prometheus.Counter
+	// SlotsDropped counts the shared slots this replica dropped (rate.global).
+	SlotsDropped prometheus.Counter
+	// ScheduleDelayed adds the seconds by which this replica moved the
+	// shared schedule after late writes (rate.global).
+	ScheduleDelayed prometheus.Counter
 	// BreakerOpen is 1 while the lane's breaker is open (SPEC §3 Breaker).
 	BreakerOpen prometheus.Gauge
 	// FairActiveKeys is the number of keys waiting (bucket.fair_key).
@@ -262,25 +280,27 @@ type Lane struct {
 func (m *Metrics) Lane(name string, limit float64) *Lane {
 	p := m.lanePacing(name, limit)
 	l := &Lane{
-		Lateness:       p.lateness,
-		Gap:            p.gap,
-		BucketDepth:    m.BucketDepth.WithLabelValues(name),
-		BucketCapacity: m.BucketCapacity.WithLabelValues(name),
-		RateLimit:      m.RateLimit.WithLabelValues(name),
-		InFlight:       m.InFlight.WithLabelValues(name),
-		Admitted:       m.Admitted.WithLabelValues(name),
-		Departures:     m.Departures.WithLabelValues(name),
-		Deliveries:     map[string]prometheus.Counter{},
-		DeadLetters:    map[string]prometheus.Counter{},
-		Retries:        map[string]prometheus.Counter{},
-		QueueWait:      m.QueueWait.WithLabelValues(name),
-		TaskDuration:   map[string]prometheus.Observer{},
-		Paused:         m.Paused.WithLabelValues(name),
-		Fallback:       m.Fallback.WithLabelValues(name),
-		Redelivered:    m.Redelivered.WithLabelValues(name),
-		BreakerOpen:    m.BreakerOpen.WithLabelValues(name),
-		FairActiveKeys: m.FairActiveKeys.WithLabelValues(name),
-		FairQueueWait:  map[string]prometheus.Observer{},
+		Lateness:        p.lateness,
+		Gap:             p.gap,
+		BucketDepth:     m.BucketDepth.WithLabelValues(name),
+		BucketCapacity:  m.BucketCapacity.WithLabelValues(name),
+		RateLimit:       m.RateLimit.WithLabelValues(name),
+		InFlight:        m.InFlight.WithLabelValues(name),
+		Admitted:        m.Admitted.WithLabelValues(name),
+		Departures:      m.Departures.WithLabelValues(name),
+		Deliveries:      map[string]prometheus.Counter{},
+		DeadLetters:     map[string]prometheus.Counter{},
+		Retries:         map[string]prometheus.Counter{},
+		QueueWait:       m.QueueWait.WithLabelValues(name),
+		TaskDuration:    map[string]prometheus.Observer{},
+		Paused:          m.Paused.WithLabelValues(name),
+		Fallback:        m.Fallback.WithLabelValues(name),
+		Redelivered:     m.Redelivered.WithLabelValues(name),
+		SlotsDropped:    m.SlotsDropped.WithLabelValues(name),
+		ScheduleDelayed: m.ScheduleDelayed.WithLabelValues(name),
+		BreakerOpen:     m.BreakerOpen.WithLabelValues(name),
+		FairActiveKeys:  m.FairActiveKeys.WithLabelValues(name),
+		FairQueueWait:   map[string]prometheus.Observer{},
 	}
 	for _, c := range FairClasses {
 		l.FairQueueWait[c] = m.FairQueueWait.WithLabelValues(name, c)
@@ -315,7 +335,7 @@ func (m *Metrics) Remove(name string) {
 	}{
 		m.BucketDepth, m.BucketCapacity, m.RateLimit, m.InFlight, m.Admitted, m.Departures,
 		m.Deliveries, m.DeadLetters, m.Retries, m.QueueWait, m.TaskDuration, m.Paused,
-		m.Fallback, m.Redelivered, m.BreakerOpen, m.FairActiveKeys, m.FairQueueWait,
+		m.Fallback, m.Redelivered, m.SlotsDropped, m.ScheduleDelayed, m.BreakerOpen, m.FairActiveKeys, m.FairQueueWait,
 	} {
 		v.DeletePartialMatch(match)
 	}

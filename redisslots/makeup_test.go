@@ -204,9 +204,16 @@ func TestLaneSlotsDropped(t *testing.T) {
 		return time.Now()
 	}))
 	ls := rs.Lane("dropped")
+	var notified atomic.Int64 // what shaper_global_slots_dropped_total would count
+	ls.OnDrop(func(n int) { notified.Add(int64(n)) })
 	iv := interval(5000) // leases of 10 slots (leaseSpan 2 ms)
 	req := slotReq(iv)
 	tol := shaper.SlotTolerance(iv, req.Slack, req.MinSpacing)
+	// Frozen from the first lease on: a slot of a fresh lease that is
+	// already older than the tolerance when the answer arrives (a round
+	// trip slower than the lag) is dropped and counted too.
+	start := time.Now()
+	frozen.Store(&start)
 	held, err := ls.Reserve(ctx, req)
 	if err != nil {
 		t.Fatal(err)
@@ -229,5 +236,54 @@ func TestLaneSlotsDropped(t *testing.T) {
 	}
 	if n, _ := ls.Dropped(); n != 5 {
 		t.Errorf("Dropped() = %d, want 5 (1 released + 4 stale slots of the lease)", n)
+	}
+	if n := notified.Load(); n != 5 {
+		t.Errorf("OnDrop was told of %d dropped slots, want 5", n)
+	}
+}
+
+// TestLaneSlotsShift: a replica whose request reached the wire late moves
+// the slots not granted yet later by the delay it reports (Shift; the
+// script's "shift"), never the slots already granted, and a slot after the
+// schedule's end (no slot granted after it) moves nothing. Slots are
+// compared as server instants.
+func TestLaneSlotsShift(t *testing.T) {
+	rd := startRedis(t)
+	ctx := context.Background()
+	a, b := newSlots(t, rd.Addr).Lane("shift"), newSlots(t, rd.Addr).Lane("shift")
+	iv := interval(100) // leases of one slot
+	req := slotReq(iv)
+	reserve := func(ls *LaneSlots) (time.Time, float64) {
+		t.Helper()
+		s, err := ls.Reserve(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, serverMicros(ls, s)
+	}
+	sa, a0 := reserve(a)
+	_, b0 := reserve(b)
+	const by = 3 * time.Millisecond
+	if err := a.Shift(ctx, sa, by); err != nil {
+		t.Fatal(err)
+	}
+	_, a1 := reserve(a)
+	ivUS, byUS := float64(iv)/1e3, float64(by)/1e3
+	// Each replica's conversion of its slot to a server instant is good to
+	// half its best round trip; 200 µs is well above that on loopback.
+	const near = 200.0
+	if d := b0 - a0; math.Abs(d-ivUS) > near {
+		t.Fatalf("b's slot %.0f µs after a's, want one interval (%.0f)", d, ivUS)
+	}
+	if d := a1 - b0; math.Abs(d-(ivUS+byUS)) > near {
+		t.Errorf("the slot granted after the shift is %.0f µs after b's, want an interval and the shift (%.0f)", d, ivUS+byUS)
+	}
+	// A slot later than the schedule's end moves nothing.
+	if err := b.Shift(ctx, sa.Add(time.Hour), by); err != nil {
+		t.Fatal(err)
+	}
+	_, b1 := reserve(b)
+	if d := b1 - a1; math.Abs(d-ivUS) > near {
+		t.Errorf("after a shift for a slot never granted, the next slot is %.0f µs after the last, want one interval (%.0f)", d, ivUS)
 	}
 }

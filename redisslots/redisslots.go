@@ -289,6 +289,7 @@ type LaneSlots struct {
 	// droppedLate sums their lateness (Dropped).
 	dropped     int64
 	droppedLate time.Duration
+	onDrop      func(n int) // OnDrop's; nil until set
 
 	calls atomic.Int64 // round trips (script runs), for benchmarks
 	// remaining is the shared quota's remainder at the last answer that
@@ -352,6 +353,19 @@ func (s *LaneSlots) dropStale(tol time.Duration) {
 		s.dropped++
 		s.droppedLate += now.Sub(s.lease.slot(i))
 	}
+	if n := s.lease.next - first; n > 0 && s.onDrop != nil {
+		s.onDrop(n)
+	}
+}
+
+// OnDrop sets the function called with the number of slots dropped each
+// time this replica drops slots (drain.DropNotifier: the lane's
+// shaper_global_slots_dropped_total): the stale slots of a lease, and a
+// held slot released (Release). f is called under the schedule's lock.
+func (s *LaneSlots) OnDrop(f func(n int)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onDrop = f
 }
 
 // Dropped returns how many slots this replica dropped because its
@@ -462,6 +476,15 @@ func (s *LaneSlots) Reserve(ctx context.Context, r drain.SlotRequest) (time.Time
 		owed -= lateMakeUp(now.Sub(s.lease.slot(s.lease.next)), s.lease.interval, tol)
 	}
 	s.owe(owed, comp)
+	if skipped := s.lease.next; skipped > 0 { // dropped too (Dropped, OnDrop)
+		for i := range skipped {
+			s.dropped++
+			s.droppedLate += now.Sub(s.lease.slot(i))
+		}
+		if s.onDrop != nil {
+			s.onDrop(skipped)
+		}
+	}
 	return s.handOut(ctx, r), nil
 }
 
@@ -678,6 +701,9 @@ func (s *LaneSlots) Release(ctx context.Context, slot time.Time, r drain.SlotReq
 			s.owe(lateMakeUp(late, r.Interval, shaper.SlotTolerance(r.Interval, r.Slack, r.MinSpacing)), s.handedComp)
 			s.dropped++
 			s.droppedLate += late
+			if s.onDrop != nil {
+				s.onDrop(1)
+			}
 		}
 	}
 	set := s.sync.set
@@ -688,6 +714,29 @@ func (s *LaneSlots) Release(ctx context.Context, slot time.Time, r drain.SlotReq
 	}
 	tol := float64(r.Interval) / float64(time.Microsecond) / 2
 	_, _, _, err := s.run(ctx, "release", strconv.FormatFloat(server, 'f', 3, 64), strconv.FormatFloat(tol, 'f', 3, 64))
+	return err
+}
+
+// Shift tells the schedule that the request of the slot at slot (local
+// time), which Reserve gave, reached the wire by later than the schedule
+// allows (drain.ScheduleShifter): the slots not granted yet move later by
+// by, so that no window of the downstream gets one more than SPEC G1 allows
+// from the late request and the slots after it (docs/scaling.md, "Late
+// writes"). It costs the rate by, never a burst. An error means Redis
+// failed; the schedule then stays as it was.
+func (s *LaneSlots) Shift(ctx context.Context, slot time.Time, by time.Duration) error {
+	if by <= 0 {
+		return nil
+	}
+	s.mu.Lock()
+	set := s.sync.set
+	server := s.sync.serverMicros(slot)
+	s.mu.Unlock()
+	if !set {
+		return nil
+	}
+	_, _, _, err := s.run(ctx, "shift", strconv.FormatFloat(server, 'f', 3, 64),
+		strconv.FormatFloat(float64(by)/float64(time.Microsecond), 'f', 3, 64))
 	return err
 }
 

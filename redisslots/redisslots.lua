@@ -15,7 +15,7 @@
 --          oldest first, microseconds of this server's clock. Every granted
 --          slot counts, used or not (the script cannot know); see
 --          docs/scaling.md "Quota across replicas".
--- ARGV[1]  "reserve" or "pause".
+-- ARGV[1]  "reserve", "pause", "release", "shift" or "time".
 --
 -- reserve  ARGV[2] interval in microseconds (> 0, may have a fraction)
 --          ARGV[3] k, the number of consecutive slots to reserve (>= 1)
@@ -75,6 +75,14 @@
 --          quota list within the tolerance of the instant is removed (a
 --          slot the replica dropped unused: it no longer counts); tat is
 --          not given back. Returns {removed (0 or 1), now}.
+-- shift    ARGV[2] a slot's instant in microseconds, ARGV[3] a delay in
+--          microseconds (>= 0): a replica's request for that slot reached
+--          the wire that much later than the schedule allows. When the
+--          schedule goes on after the slot (tat > slot), tat moves later by
+--          the delay: the slots not yet granted keep a whole second's
+--          distance from that late request where the downstream counts
+--          (docs/scaling.md, "Late writes"). Only later, never a burst.
+--          Returns {tat, now}.
 -- time     returns {now, now} (a clock sample; touches no key)
 --
 -- The time is the server's (TIME), so the replicas' clocks never enter the
@@ -148,6 +156,17 @@ if ARGV[1] == 'pause' then
   save()
   keep()
   return {string.format('%.3f', pause), string.format('%.0f', now)}
+end
+
+if ARGV[1] == 'shift' then
+  local x, d = tonumber(ARGV[2]), tonumber(ARGV[3])
+  if not x or not d or d < 0 then return redis.error_reply('ERR shaper: bad shift arguments') end
+  if tat > x and d > 0 then
+    tat = tat + d
+    save()
+    keep()
+  end
+  return {string.format('%.3f', tat), string.format('%.0f', now)}
 end
 
 if ARGV[1] ~= 'reserve' then return redis.error_reply('ERR shaper: unknown operation') end

@@ -2,6 +2,7 @@ package sources
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -110,5 +111,30 @@ func TestFetchFullBatchIsNoFailure(t *testing.T) {
 		if err != nil || n != 5 || !src.Bound() {
 			t.Fatalf("pull %d of 5 with 20 waiting: %d messages, err %v, bound %v; want 5, nil, true", pull, n, err, src.Bound())
 		}
+	}
+}
+
+// TestFetchNoRespondersRetriesSoon: a pull that no server answers (here the
+// consumer's stream is gone; on a cluster, a consumer leader election) is a
+// failure that says RetrySoon, so the lane tries again within 250 ms
+// (drain/fetch.go) rather than after the back-off's second.
+func TestFetchNoRespondersRetriesSoon(t *testing.T) {
+	js := testJetStream(t)
+	ctx := context.Background()
+	src, err := NewJetStream(ctx, js, JetStreamConfig{Stream: "GONE", Subjects: []string{"gone.>"}, Durable: "g",
+		AckWait: time.Minute, MaxAckPending: 100}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Fetch(ctx, 1, func(*shaper.Message) {}); err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(ctx, "GONE"); err != nil {
+		t.Fatal(err)
+	}
+	err = src.Fetch(ctx, 1, func(*shaper.Message) {})
+	var soon interface{ RetrySoon() bool }
+	if !errors.Is(err, nats.ErrNoResponders) || !errors.As(err, &soon) || !soon.RetrySoon() {
+		t.Fatalf("pull after the stream was deleted: %v (%T), want no responders with RetrySoon", err, err)
 	}
 }

@@ -327,9 +327,23 @@ func (s *JetStream) fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 	return nil
 }
 
+// noLeader is a pull that no server answered but with "no responders": the
+// consumer has no leader (an election after the kill of its node), or the
+// stream is gone. RetrySoon tells the lane's fetch loop to try again within
+// a quarter of a second (drain/fetch.go): the server answers such a pull at
+// once, and the lane resumes as soon as a leader is elected.
+type noLeader struct{ err error }
+
+func (e noLeader) Error() string   { return e.err.Error() }
+func (e noLeader) Unwrap() error   { return e.err }
+func (e noLeader) RetrySoon() bool { return true }
+
 // fail marks the source unbound and re-creates the consumer when the server
 // lost it.
 func (s *JetStream) fail(ctx context.Context, err error) error {
+	if errors.Is(err, nats.ErrNoResponders) {
+		err = noLeader{err}
+	}
 	s.bound.Store(false)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
 		errors.Is(err, jetstream.ErrStreamNotFound) {

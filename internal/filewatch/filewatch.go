@@ -7,6 +7,7 @@ package filewatch
 import (
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -19,9 +20,26 @@ import (
 // the ..data link of projected volumes and secrets are seen too . stop ends the watch
 // and waits for a running onChange; it is never nil, also with an error.
 func Watch(paths []string, debounce time.Duration, onChange func()) (stop func(), err error) {
+	stop, _, err = WatchActivity(paths, debounce, onChange)
+	return stop, err
+}
+
+// WatchActivity is Watch that also returns last, the time of the latest
+// event for any of paths (zero before the first): a burst of writes goes
+// on while last is more recent than the debounce, although onChange has
+// not been called yet (the daemon's wait for an empty config file to be
+// written, C31).
+func WatchActivity(paths []string, debounce time.Duration, onChange func()) (stop func(), last func() time.Time, err error) {
+	var lastNano atomic.Int64
+	last = func() time.Time {
+		if n := lastNano.Load(); n != 0 {
+			return time.Unix(0, n)
+		}
+		return time.Time{}
+	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
-		return func() {}, err
+		return func() {}, last, err
 	}
 	var files, dirs []string
 	for _, p := range paths {
@@ -37,7 +55,7 @@ func Watch(paths []string, debounce time.Duration, onChange func()) (stop func()
 	for _, d := range dirs {
 		if err := w.Add(d); err != nil {
 			_ = w.Close()
-			return func() {}, err
+			return func() {}, last, err
 		}
 	}
 	done := make(chan struct{})
@@ -51,6 +69,7 @@ func Watch(paths []string, debounce time.Duration, onChange func()) (stop func()
 					return
 				}
 				if slices.Contains(files, filepath.Clean(ev.Name)) || filepath.Base(ev.Name) == "..data" {
+					lastNano.Store(time.Now().UnixNano())
 					timer = time.After(debounce)
 				}
 			case _, ok := <-w.Errors:
@@ -63,5 +82,5 @@ func Watch(paths []string, debounce time.Duration, onChange func()) (stop func()
 			}
 		}
 	}()
-	return func() { _ = w.Close(); <-done }, nil
+	return func() { _ = w.Close(); <-done }, last, nil
 }

@@ -54,3 +54,29 @@ func TestWatch(t *testing.T) {
 	}
 	wait(2)
 }
+
+// TestWatchActivity: last is zero before an event for the paths, and the
+// time of the latest one after it, before the debounce has ended.
+func TestWatchActivity(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yaml")
+	stop, last, err := WatchActivity([]string{path}, time.Hour, func() {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if !last().IsZero() {
+		t.Fatalf("last() = %v before any write", last())
+	}
+	before := time.Now()
+	if err := os.WriteFile(path, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for last().IsZero() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if l := last(); l.Before(before) || l.After(time.Now()) {
+		t.Errorf("last() = %v after a write at %v", l, before)
+	}
+}

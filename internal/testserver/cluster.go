@@ -1,6 +1,8 @@
 package testserver
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -12,6 +14,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // The nats-server binary of the cluster tests is built from the nats-server
@@ -98,7 +103,44 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	for _, nd := range c.Nodes {
 		c.WaitHealthy(nd, 30*time.Second)
 	}
+	c.waitStreams(60 * time.Second)
 	return c
+}
+
+// waitStreams waits until the cluster creates (and deletes) a stream
+// replicated on every node, each try with 5 s, the JetStream API's default
+// deadline that the daemon uses: healthy nodes with a meta leader may
+// still be too slow for their first stream on a loaded machine (a CI run:
+// the daemon's first stream timed out at start, 5 s after the cluster
+// reported healthy).
+func (c *Cluster) waitStreams(timeout time.Duration) {
+	c.t.Helper()
+	nc, err := nats.Connect(c.URLs())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "TESTSERVER_PROBE",
+			Subjects: []string{"testserver.probe"}, Replicas: len(c.Nodes), Storage: jetstream.MemoryStorage})
+		if err == nil || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			err = js.DeleteStream(ctx, "TESTSERVER_PROBE")
+		}
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("the cluster created no R%d stream within %s: %v", len(c.Nodes), timeout, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // URLs is the comma-separated list of the nodes' client URLs (nats.url).

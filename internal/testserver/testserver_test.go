@@ -67,12 +67,20 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("stream leader %q is not a node", s.CachedInfo().Cluster.Leader)
 	}
 	c.Kill(leader)
+	// Each publish gets a deadline of its own: one sent while the client
+	// reconnects, or while the stream has no leader, gets no answer ever
+	// (no leader stores it), and waiting for it with the whole deadline
+	// was the failure seen in CI, not a slow election.
+	var lastErr error
 	for {
-		if _, err := js.Publish(ctx, "r3.x", []byte("after the kill")); err == nil {
+		pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+		_, lastErr = js.Publish(pctx, "r3.x", []byte("after the kill"))
+		pcancel()
+		if lastErr == nil {
 			break
 		}
 		if ctx.Err() != nil {
-			t.Fatal("no publish accepted after the stream leader was killed")
+			t.Fatalf("no publish accepted within 60 s of the kill of the stream leader: %v", lastErr)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -136,15 +137,36 @@ func Serve(d *Daemon, log *slog.Logger, path string, reload func() (*config.Conf
 	if err := d.Start(context.Background()); err != nil {
 		return fmt.Errorf("shaper: start: %w", err)
 	}
-	changed, stopWatch := watchFile(path, log)
+	changed, lastWrite, stopWatch := watchFile(path, log)
 	defer stopWatch()
 	var sig os.Signal
+	// settle fires when a change found the file empty and no other change
+	// came within emptySettle: only then is the empty file read, and
+	// rejected, once.
+	var settle <-chan time.Time
 	for sig == nil {
 		select {
 		case sig = <-sigs:
 		case <-hup:
+			settle = nil
 			_ = d.ApplyReload("SIGHUP", reload)
 		case <-changed:
+			if fileEmpty(path) {
+				log.Debug("config file empty: waiting for the write to finish", "path", path, "wait", emptySettle)
+				settle = time.After(emptySettle)
+				continue
+			}
+			settle = nil
+			_ = d.ApplyReload("file changed", reload)
+		case <-settle:
+			// Writes still going on (a burst longer than the wait): wait
+			// until the file has been quiet for emptySettle; their own
+			// change comes 200 ms after the last of them.
+			if quiet := time.Since(lastWrite()); quiet < emptySettle {
+				settle = time.After(emptySettle - quiet)
+				continue
+			}
+			settle = nil
 			_ = d.ApplyReload("file changed", reload)
 		}
 	}
@@ -186,13 +208,29 @@ func (d *Daemon) ApplyReload(trigger string, load func() (*config.Config, error)
 	return nil
 }
 
+// emptySettle is how long a change of the config file that left it empty
+// waits for the write to finish before the empty file is read (and
+// rejected). A truncate-then-write caught in between (field case C31: `: >
+// config.yaml`, 300 ms, then the file; or a burst of in-place writes whose
+// debounce ends between a truncate and its write) is then no rejection at
+// all: the write's own change comes first and is applied.
+const emptySettle = time.Second
+
+// fileEmpty reports whether the file at path holds nothing but white space
+// (as config.Load judges it). A file that cannot be read is not empty: the
+// reload reports why.
+func fileEmpty(path string) bool {
+	raw, err := os.ReadFile(path)
+	return err == nil && len(bytes.TrimSpace(raw)) == 0
+}
+
 // watchFile reports changes of the file at path (writes, or an editor's or
 // a Kubernetes ConfigMap's rename-into-place), debounced by 200 ms
 // (internal/filewatch, which watches the directory: a rename replaces the
-// file's inode).
-func watchFile(path string, log *slog.Logger) (<-chan struct{}, func()) {
+// file's inode), and the time of its latest write (zero before one).
+func watchFile(path string, log *slog.Logger) (changed <-chan struct{}, lastWrite func() time.Time, stop func()) {
 	out := make(chan struct{}, 1)
-	stop, err := filewatch.Watch([]string{path}, 200*time.Millisecond, func() {
+	stop, lastWrite, err := filewatch.WatchActivity([]string{path}, 200*time.Millisecond, func() {
 		select {
 		case out <- struct{}{}:
 		default:
@@ -201,5 +239,5 @@ func watchFile(path string, log *slog.Logger) (<-chan struct{}, func()) {
 	if err != nil {
 		log.Warn("config file not watched: reload with SIGHUP", "err", err)
 	}
-	return out, stop
+	return out, lastWrite, stop
 }
