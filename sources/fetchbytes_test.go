@@ -138,3 +138,42 @@ func TestFetchNoRespondersRetriesSoon(t *testing.T) {
 		t.Fatalf("pull after the stream was deleted: %v (%T), want no responders with RetrySoon", err, err)
 	}
 }
+
+// TestFetchRidesOutNoLeader: a consumer that has no one to serve its pulls
+// for a moment (here deleted and created again 100 ms later; in a cluster,
+// a leader step-down) is pulled again within the same Fetch: the lane sees
+// no failed fetch, and the message comes.
+func TestFetchRidesOutNoLeader(t *testing.T) {
+	js := testJetStream(t)
+	ctx := context.Background()
+	src, err := NewJetStream(ctx, js, JetStreamConfig{Stream: "BLINK", Subjects: []string{"blink.>"}, Durable: "b",
+		AckWait: time.Minute, MaxAckPending: 100}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.Consumer(ctx, "BLINK", "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := cons.CachedInfo().Config
+	if _, err := js.Publish(ctx, "blink.x", []byte("job")); err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteConsumer(ctx, "BLINK", "b"); err != nil {
+		t.Fatal(err)
+	}
+	back := make(chan error, 1)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		_, err := js.CreateOrUpdateConsumer(ctx, "BLINK", cfg)
+		back <- err
+	}()
+	n := 0
+	err = src.Fetch(ctx, 1, func(m *shaper.Message) { n++; _ = m.Acker.Ack(ctx) })
+	if cerr := <-back; cerr != nil {
+		t.Fatal(cerr)
+	}
+	if err != nil || n != 1 || !src.Bound() {
+		t.Fatalf("Fetch across 100 ms without a consumer: %d messages, err %v, bound %v; want 1, nil, true", n, err, src.Bound())
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -101,6 +102,15 @@ func publishKeyed(t *testing.T, js jetstream.JetStream, subject, key string, fro
 		msg := &nats.Msg{Subject: subject, Header: nats.Header{}, Data: []byte(`{}`)}
 		msg.Header.Set(jetstream.MsgIDHeader, id)
 		f, err := js.PublishMsgAsync(msg)
+		for tries := 0; errors.Is(err, jetstream.ErrTooManyStalledMsgs) && tries < 50; tries++ {
+			// Too many acks outstanding (a slow moment of the server):
+			// nothing was sent; wait for them and send it again.
+			select {
+			case <-js.PublishAsyncComplete():
+			case <-time.After(200 * time.Millisecond):
+			}
+			f, err = js.PublishMsgAsync(msg)
+		}
 		if err != nil {
 			t.Fatalf("publish %s: %v", id, err)
 		}
