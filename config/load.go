@@ -111,7 +111,7 @@ func readFile(v *viper.Viper, path string) (_ string, raw []byte, haveFile bool,
 		}
 		return path, nil, true, warns, fmt.Errorf("config: %w", err)
 	}
-	if len(bytes.TrimSpace(raw)) == 0 {
+	if Empty(raw) {
 		return path, raw, true, warns, fmt.Errorf("config: %s is empty (a write still in progress?): nothing was applied", path)
 	}
 	ext := strings.TrimPrefix(filepath.Ext(path), ".")
@@ -355,3 +355,8 @@ func (l Lane) EffectiveMaxAckPending() int {
 		return l.Bucket.Capacity + l.Task.MaxInFlight
 	}
 }
+
+// Empty reports whether a config file's bytes hold nothing but white space:
+// such a file is an error (a truncate-then-write caught in between, C31),
+// never a configuration of defaults.
+func Empty(raw []byte) bool { return len(bytes.TrimSpace(raw)) == 0 }

@@ -88,11 +88,10 @@ type SlotReleaser interface {
 
 // DropNotifier is implemented by a GlobalSchedule that drops slots of its
 // own (the unused slots of a lease that came too late for them): OnDrop
-// gives it the function to call with the number of slots dropped each
-// time, the held slots the lane releases (SlotReleaser) included, for
-// shaper_global_slots_dropped_total. It is called once, before the lane
-// starts; f must be cheap (it may be called under the schedule's lock).
-// For a schedule without it the lane counts the held slots it drops.
+// gives it the function to call with the number of slots it dropped each
+// time, for shaper_global_slots_dropped_total. The held slots the lane
+// drops it counts itself. OnDrop is called once, before the lane starts; f
+// must be cheap (it may be called under the schedule's lock).
 type DropNotifier interface {
 	OnDrop(f func(n int))
 }
@@ -211,9 +210,7 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 				l.log.Debug("dropped slot not released from the shared quota", "err", err)
 			}
 		}
-		if _, ok := g.g.(DropNotifier); !ok {
-			l.m.SlotsDropped.Inc()
-		}
+		l.m.SlotsDropped.Inc()
 		g.held = time.Time{} // too late for it (a late wake, a pause, a slow wire): not used
 	}
 	if g.fallback && now.Before(g.nextProbe) {

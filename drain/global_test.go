@@ -515,8 +515,7 @@ func TestGlobalLaneReleasesLateSlot(t *testing.T) {
 				t.Errorf("slot %v released %v after it, within its tolerance %v", g.released[i], late, tol)
 			}
 		}
-		// A schedule that does not drop slots itself (no DropNotifier): the
-		// lane counts the held slots it drops.
+		// The lane counts the held slots it drops.
 		if v := testutil.ToFloat64(h.m.SlotsDropped); v != float64(len(g.released)) {
 			t.Errorf("shaper_global_slots_dropped_total = %v, want %d (the slots released)", v, len(g.released))
 		}

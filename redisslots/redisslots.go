@@ -358,10 +358,11 @@ func (s *LaneSlots) dropStale(tol time.Duration) {
 	}
 }
 
-// OnDrop sets the function called with the number of slots dropped each
-// time this replica drops slots (drain.DropNotifier: the lane's
-// shaper_global_slots_dropped_total): the stale slots of a lease, and a
-// held slot released (Release). f is called under the schedule's lock.
+// OnDrop sets the function called with the number of slots this replica's
+// schedule drops of its own (drain.DropNotifier: the lane's
+// shaper_global_slots_dropped_total): the stale slots of a lease, current or
+// fresh. A held slot the lane releases (Release) the lane counts itself.
+// f is called under the schedule's lock.
 func (s *LaneSlots) OnDrop(f func(n int)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -701,9 +702,6 @@ func (s *LaneSlots) Release(ctx context.Context, slot time.Time, r drain.SlotReq
 			s.owe(lateMakeUp(late, r.Interval, shaper.SlotTolerance(r.Interval, r.Slack, r.MinSpacing)), s.handedComp)
 			s.dropped++
 			s.droppedLate += late
-			if s.onDrop != nil {
-				s.onDrop(1)
-			}
 		}
 	}
 	set := s.sync.set

@@ -590,7 +590,11 @@ func TestReloadWaitsOutEmptyFile(t *testing.T) {
 		write(full)
 		time.Sleep(5 * time.Millisecond)
 	}
-	time.Sleep(500 * time.Millisecond)
+	// The last write's change comes 200 ms after it: wait for it to be
+	// applied (or 10 s), not a fixed time.
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(c.stderrText(), "limit=7/s") && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
 	stopShaper(t, c, 10*time.Second)
 	logs := c.stderrText()
 	if n := strings.Count(logs, "is empty"); n != 0 {

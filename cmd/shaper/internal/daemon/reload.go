@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -216,12 +215,12 @@ func (d *Daemon) ApplyReload(trigger string, load func() (*config.Config, error)
 // all: the write's own change comes first and is applied.
 const emptySettle = time.Second
 
-// fileEmpty reports whether the file at path holds nothing but white space
-// (as config.Load judges it). A file that cannot be read is not empty: the
-// reload reports why.
+// fileEmpty reports whether the file at path is empty as config.Load judges
+// it (config.Empty). A file that cannot be read is not empty: the reload
+// reports why.
 func fileEmpty(path string) bool {
 	raw, err := os.ReadFile(path)
-	return err == nil && len(bytes.TrimSpace(raw)) == 0
+	return err == nil && config.Empty(raw)
 }
 
 // watchFile reports changes of the file at path (writes, or an editor's or
