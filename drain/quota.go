@@ -20,6 +20,12 @@ type laneQuota struct {
 	// the shared quota binds first, and in the fallback the ring alone
 	// binds, at count / replicas_hint.
 	shared time.Time
+	// announced says that "quota spent" was logged for the current wait and
+	// no departure has followed yet: one line per wait, also when a global
+	// lane asks the shared quota again at the end of its wait and another
+	// replica took the slot that freed (a second wait of the same window,
+	// not a new one). The first departure after it logs "quota renewed".
+	announced bool
 }
 
 // setQuota turns the quota on, off or changes it for cfg (New, Update), with
@@ -33,6 +39,7 @@ func (l *Lane) setQuota(cfg config.Lane, now time.Time) {
 			l.quota.held = false
 			l.syncPacerHold(now)
 		}
+		l.quota.announced = false
 	case l.quota.q == nil:
 		l.quota.q = shaper.NewQuota(l.quotaCount(q.Count), q.Per, now)
 	default:
@@ -99,10 +106,11 @@ func (l *Lane) quotaUntil(now, paced time.Time) (time.Time, bool) {
 		l.quota.held = held
 		l.syncPacerHold(now)
 		if held {
-			l.log.Info("quota spent: departures wait", "until", at.Format(time.RFC3339Nano))
+			if !l.quota.announced {
+				l.quota.announced = true
+				l.log.Info("quota spent: departures wait", "until", at.Format(time.RFC3339Nano))
+			}
 			l.m.Paused.Set(1)
-		} else {
-			l.log.Info("quota renewed: departures resume")
 		}
 	}
 	return at, held
@@ -130,6 +138,10 @@ func (l *Lane) quotaDepart(now time.Time) {
 		if l.quota.held {
 			l.quota.held = false
 			l.syncPacerHold(now)
+		}
+		if l.quota.announced {
+			l.quota.announced = false
+			l.log.Info("quota renewed: departures resume")
 		}
 	}
 }

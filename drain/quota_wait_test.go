@@ -73,6 +73,65 @@ func (s *spentOnce) Reserve(ctx context.Context, r SlotRequest) (time.Time, erro
 	return s.fakeSchedule.Reserve(ctx, r)
 }
 
+// spentTwice is a fakeSchedule whose shared quota answers "spent for
+// wait" to the first spent reservations, each from the instant it is asked:
+// the second comes when the first wait ends, as when another replica took
+// the slot that freed.
+type spentTwice struct {
+	fakeSchedule
+	spent int
+	wait  time.Duration
+}
+
+func (s *spentTwice) Reserve(ctx context.Context, r SlotRequest) (time.Time, error) {
+	s.mu.Lock()
+	if s.reserves >= 5 && s.spent > 0 {
+		s.spent--
+		s.mu.Unlock()
+		return time.Time{}, &QuotaWait{Until: time.Now().Add(s.wait)}
+	}
+	s.mu.Unlock()
+	return s.fakeSchedule.Reserve(ctx, r)
+}
+
+// TestGlobalQuotaSecondWaitLogsOnce: a global lane whose wait for the
+// shared quota ends only to be told "spent" again (another replica took
+// the slot that freed) is in the same wait: one "quota spent" line, one
+// "quota renewed" line at the departure that ends it, and the lane stays
+// paused across both answers (seen as 6–8 lines a replica in 8.7 s, for
+// 3–5 waits, in redisslots' TestGlobalQuotaTwoReplicas).
+func TestGlobalQuotaSecondWaitLogsOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := &spentTwice{fakeSchedule: fakeSchedule{share: 1}, spent: 2, wait: 300 * time.Millisecond}
+		rec := &recSink{}
+		logs := &logRecorder{}
+		h := startQuotaGlobal(t, rec, g, slog.New(logs))
+		// 5 departures by 80 ms, then two waits of 300 ms: paused at
+		// 0.2 s and at 0.5 s (the second), departures again after 0.7 s.
+		var paused []bool
+		for _, d := range []time.Duration{200 * time.Millisecond, 300 * time.Millisecond} {
+			time.Sleep(d)
+			synctest.Wait()
+			paused = append(paused, h.lane.Status(time.Now()).QuotaWait)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		h.stop(time.Second)
+		if n := len(rec.snapshot()); n != 20 {
+			t.Errorf("%d departures, want 20", n)
+		}
+		if paused[0] != true || paused[1] != true {
+			t.Errorf("quota wait at 0.2 s and 0.5 s: %v, want true, true (one wait across both answers)", paused)
+		}
+		if n := logs.count(slog.LevelInfo, "quota spent"); n != 1 {
+			t.Errorf("%d \"quota spent\" lines, want 1 (one wait, answered spent twice)", n)
+		}
+		if n := logs.count(slog.LevelInfo, "quota renewed"); n != 1 {
+			t.Errorf("%d \"quota renewed\" lines, want 1 (at the departure that ends the wait)", n)
+		}
+	})
+}
+
 // TestGlobalQuotaWaitInThePast: a "spent until" answer whose instant has
 // passed still took no slot: the lane asks again and departs only with a
 // slot (departures = slots granted), the quota's wait shows in the
@@ -82,14 +141,7 @@ func TestGlobalQuotaWaitInThePast(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := &spentOnce{fakeSchedule: fakeSchedule{share: 1}, spent: 3}
 		rec := &recSink{}
-		h := newGlobalHarness(t, 50, rec, g, 2, nil)
-		cfg := *h.lane.conf()
-		cfg.Rate.Quota.Count, cfg.Rate.Quota.Per = 1000, time.Hour
-		if err := h.lane.Update(cfg); err != nil {
-			t.Fatal(err)
-		}
-		h.src.Publish(20)
-		h.lane.Start()
+		h := startQuotaGlobal(t, rec, g, nil)
 		time.Sleep(time.Second)
 		synctest.Wait()
 		st := h.lane.Status(time.Now())
@@ -109,4 +161,19 @@ func TestGlobalQuotaWaitInThePast(t *testing.T) {
 			t.Errorf("quota remaining %d, want 980 (the lane's own ring)", st.QuotaRemaining)
 		}
 	})
+}
+
+// startQuotaGlobal starts a global lane at 50/s (replicas_hint 2) on g with
+// a quota of 1000 per hour and 20 messages waiting.
+func startQuotaGlobal(t *testing.T, sink Sink, g GlobalSchedule, log *slog.Logger) *harness {
+	t.Helper()
+	h := newGlobalHarness(t, 50, sink, g, 2, log)
+	cfg := *h.lane.conf()
+	cfg.Rate.Quota.Count, cfg.Rate.Quota.Per = 1000, time.Hour
+	if err := h.lane.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	h.src.Publish(20)
+	h.lane.Start()
+	return h
 }

@@ -198,6 +198,14 @@ func TestGlobalThreeReplicas(t *testing.T) {
 		}
 		return fb
 	}
+	// What the replicas report of the slots they lost, sampled every 20 ms
+	// (slotLedger): the shortfall of each phase must be accounted for.
+	var ms []*metrics.Lane
+	for _, r := range reps {
+		ms = append(ms, r.m)
+	}
+	ledger := startSlotLedger(ms)
+	defer ledger.stop()
 	sleepUntil(at(6))
 	rd.Kill()
 	killed := time.Now()
@@ -264,6 +272,20 @@ func TestGlobalThreeReplicas(t *testing.T) {
 	t.Logf("max in a closed 1 s window on the shared schedule: %d departures, %d at the downstream; anywhere: %d departures, %d at the downstream",
 		depGlobal, arrGlobal, depAll, arrAll)
 	t.Logf("fallback gauges during the outage %v, 2 s after the restart %v", during, after)
+	for i, r := range reps {
+		t.Logf("replica %d: %v departures, %v shared slots dropped, schedule delayed %.4f s", i,
+			testutil.ToFloat64(r.m.Departures), testutil.ToFloat64(r.m.SlotsDropped), testutil.ToFloat64(r.m.ScheduleDelayed))
+	}
+	var bins []int // arrivals per 500 ms from the start
+	for _, x := range ts {
+		if k := int(x.Sub(start) / (500 * time.Millisecond)); !x.Before(start) {
+			for len(bins) <= k {
+				bins = append(bins, 0)
+			}
+			bins[k]++
+		}
+	}
+	t.Logf("arrivals per 500 ms from the start (kill at 6 s, restart at 11 s): %v", bins)
 	if depGlobal > limit+1 {
 		t.Errorf("%d departures in a 1 s window on the shared schedule, bound %d", depGlobal, limit+1)
 	}
@@ -276,19 +298,45 @@ func TestGlobalThreeReplicas(t *testing.T) {
 	// A lane woken later than its slot's tolerance drops the slot rather
 	// than send late (G1), and the schedule makes it up (docs/scaling.md,
 	// "Late wake-ups"), so a slow process costs little throughput, never
-	// bursts: the ceiling is 1 %, the floor 3 % (149.3–150.1/s measured
-	// alone without -race; 144.8–146.3/s beside a two-thread CPU hog). Under -race, a CPU cost the
-	// product never pays, the floor is logged; scripts/test.sh runs this
-	// test again without -race, where it is asserted.
-	for _, r := range []float64{g1, g2} {
+	// bursts: the ceiling is 1 %. What the downstream lacks of the limit on
+	// the shared schedule is accounted for, slot by slot, by what the
+	// replicas report: the slots they dropped (of which the schedule makes
+	// up part) and the time late writes moved the schedule, plus G1's
+	// 0.5 %; a slot lost any other way fails it. Where few slots were
+	// dropped (≤ 2 % of the phase's departures) the rate must also be
+	// within 3 % of the limit (149.3–150.1/s measured alone without -race
+	// on one machine; 144.8–146.3/s beside a two-thread CPU hog). How many
+	// are dropped is the machine's: on one VM, idle, 5–8 % of its timer
+	// wake-ups came more than the 333 µs tolerance late (nanosleep: p50
+	// 190 µs, p99 1.6–1.9 ms), and a phase dropped up to 100 slots. Under
+	// -race, a CPU cost the product never pays, the floor is logged;
+	// scripts/test.sh runs this test again without -race, where it is
+	// asserted.
+	for _, ph := range []struct {
+		name     string
+		rate     float64
+		n        int
+		from, to time.Time
+	}{{"before the outage", g1, n1, at(1.5), killed}, {"after the restart", g2, n3, back, end}} {
+		r := ph.rate
 		if r > 1.01*limit {
-			t.Errorf("aggregate %.2f/s on the shared schedule, want at most 1%% above %d/s", r, limit)
+			t.Errorf("aggregate %.2f/s on the shared schedule %s, want at most 1%% above %d/s", r, ph.name, limit)
 		}
-		if r < 0.97*limit {
+		dropped, delayed := ledger.between(ph.from, ph.to)
+		span := float64(ph.n-1) / r
+		allowed := limit*span + 1
+		short := allowed - float64(ph.n)
+		accounted := dropped + limit*delayed + 0.005*allowed
+		t.Logf("%s: %.0f departures short of the limit over %.2f s; accounted for: %v slots dropped, schedule moved %.1f ms by late writes, 0.5 %% (%.1f)",
+			ph.name, short, span, dropped, delayed*1e3, 0.005*allowed)
+		if short > accounted {
+			t.Errorf("%s: the downstream got %.0f departures fewer than the limit allows; the replicas account for %.1f of them", ph.name, short, accounted)
+		}
+		if r < 0.97*limit && dropped <= 0.02*float64(ph.n) {
 			if raceEnabled {
-				t.Logf("aggregate %.2f/s on the shared schedule, more than 3%% under %d/s: logged under -race, asserted without it", r, limit)
+				t.Logf("aggregate %.2f/s on the shared schedule %s with %v slots dropped, more than 3%% under %d/s: logged under -race, asserted without it", r, ph.name, dropped, limit)
 			} else {
-				t.Errorf("aggregate %.2f/s on the shared schedule, want within 3%% of %d/s", r, limit)
+				t.Errorf("aggregate %.2f/s on the shared schedule %s with %v slots dropped, want within 3%% of %d/s", r, ph.name, dropped, limit)
 			}
 		}
 	}
@@ -305,4 +353,78 @@ func TestGlobalThreeReplicas(t *testing.T) {
 		}
 		r.log.mu.Unlock()
 	}
+}
+
+// slotLedger samples, every 20 ms, the sum over the replicas of the shared
+// slots they dropped and of the time late writes moved the schedule
+// (shaper_global_slots_dropped_total, shaper_global_schedule_delayed_seconds_total).
+type slotLedger struct {
+	mu      sync.Mutex
+	samples []ledgerSample
+	done    chan struct{}
+	exited  chan struct{}
+}
+
+type ledgerSample struct {
+	at               time.Time
+	dropped, delayed float64
+}
+
+func startSlotLedger(ms []*metrics.Lane) *slotLedger {
+	l := &slotLedger{done: make(chan struct{}), exited: make(chan struct{})}
+	sample := func() {
+		s := ledgerSample{at: time.Now()}
+		for _, m := range ms {
+			s.dropped += testutil.ToFloat64(m.SlotsDropped)
+			s.delayed += testutil.ToFloat64(m.ScheduleDelayed)
+		}
+		l.mu.Lock()
+		l.samples = append(l.samples, s)
+		l.mu.Unlock()
+	}
+	sample()
+	go func() {
+		defer close(l.exited)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-l.done:
+				sample()
+				return
+			case <-tick.C:
+				sample()
+			}
+		}
+	}()
+	return l
+}
+
+func (l *slotLedger) stop() {
+	select {
+	case <-l.done:
+	default:
+		close(l.done)
+	}
+	<-l.exited
+}
+
+// between returns what was reported from the last sample at or before
+// from to the first sample at or after to: it counts the whole phase,
+// and up to 20 ms more at each end.
+func (l *slotLedger) between(from, to time.Time) (dropped, delayed float64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lo, hi := l.samples[0], l.samples[len(l.samples)-1]
+	for _, s := range l.samples {
+		if !s.at.After(from) {
+			lo = s
+		}
+	}
+	for i := len(l.samples) - 1; i >= 0; i-- {
+		if !l.samples[i].at.Before(to) {
+			hi = l.samples[i]
+		}
+	}
+	return hi.dropped - lo.dropped, hi.delayed - lo.delayed
 }
