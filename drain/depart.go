@@ -126,6 +126,7 @@ func (l *Lane) depart(m *shaper.Message, empty bool, ready, now, scheduled time.
 	prev := l.lastDeparture
 	l.lastDeparture = now
 	l.pacer.Depart(l.quotaReady(ready, now), now)
+	l.countForgiven()
 	l.quotaDepart(now)
 	l.breakerDeparts(m, now)
 	if empty {
@@ -271,6 +272,9 @@ func (l *Lane) expire(m *shaper.Message, now time.Time, maxAge time.Duration) {
 func (l *Lane) wired(m *shaper.Message, t time.Time) {
 	l.mu.Lock()
 	moved := l.pacer.Wire(m.Departed, t)
+	if moved {
+		l.countForgiven()
+	}
 	l.quotaWired(m.Departed, t) // rate.quota (quota.go)
 	var slot time.Time
 	var shift time.Duration
@@ -292,6 +296,20 @@ func (l *Lane) wired(m *shaper.Message, t time.Time) {
 		default:
 		}
 	}
+}
+
+// countForgiven adds to the metrics what the pacer gave up since the last
+// call (shaper.Pacer.Forgiven, shaper_departure_lateness_forgiven_seconds_total);
+// l.mu held.
+func (l *Lane) countForgiven() {
+	late, wire := l.pacer.Forgiven()
+	if d := late - l.forgiven[0]; d > 0 {
+		l.m.ForgivenLate.Add(d.Seconds())
+	}
+	if d := wire - l.forgiven[1]; d > 0 {
+		l.m.ForgivenWire.Add(d.Seconds())
+	}
+	l.forgiven = [2]time.Duration{late, wire}
 }
 
 // Pause holds the lane's departures until until (a downstream's Retry-After).

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/shaper"
@@ -53,23 +54,8 @@ func (s *slowWireSink) Send(ctx context.Context, m *shaper.Message) error {
 // the maxWireWait bound; min_spacing holds throughout.
 func TestLaneWaitsForTheWire(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := laneConfig(100) // 10 ms interval
-		sink := &slowWireSink{long: 15 * time.Millisecond, short: time.Millisecond}
-		src := sourcetest.NewMem(cfg.Source.AckWait)
-		l, err := New("test", cfg, src, sink, WithWaiter(TimerWaiter{}),
-			WithMetrics(metrics.New(prometheus.NewRegistry()).Lane("test", 100)))
-		if err != nil {
-			t.Fatal(err)
-		}
+		sink, _ := runSlowWire(t)
 		const n = 40
-		src.Publish(n)
-		l.Start()
-		time.Sleep(5 * time.Second)
-		synctest.Wait()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		l.Drain(ctx)
-		cancel()
-		src.Close()
 
 		sink.mu.Lock()
 		defer sink.mu.Unlock()
@@ -90,4 +76,57 @@ func TestLaneWaitsForTheWire(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestLaneCountsForgivenLateness: what a lane's departures lack of the
+// limit is what shaper_departure_lateness_forgiven_seconds_total reports:
+// here every other request reaches the wire 15 ms after it left (at
+// 100/s), each such report pushes the schedule (cause wire), and the 40
+// departures span (40 − 1) intervals plus the time given up plus the lag
+// still being made up at the end.
+func TestLaneCountsForgivenLateness(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink, m := runSlowWire(t)
+		const n = 40
+
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		late, wire := testutil.ToFloat64(m.ForgivenLate), testutil.ToFloat64(m.ForgivenWire)
+		span := sink.departed[n-1].Sub(sink.departed[0])
+		given := span - (n-1)*10*time.Millisecond
+		t.Logf("span %v: %v over (n − 1) intervals; forgiven late %.6f s, wire %.6f s", span, given, late, wire)
+		if wire <= 0 {
+			t.Errorf("forgiven (wire) %v s, want > 0: the late reports pushed the schedule", wire)
+		}
+		// The lag still being made up after the last departure is lost
+		// too, not forgiven: at most MakeUpLag (9 ms).
+		lag := shaper.MakeUpLag(10*time.Millisecond, 0, shaper.DefaultMinSpacing)
+		if got := time.Duration((late + wire) * float64(time.Second)); got > given+time.Microsecond || got < given-lag {
+			t.Errorf("forgiven %v in all, want the %v the departures lost, less at most the %v of lag being made up", got, given, lag)
+		}
+	})
+}
+
+// runSlowWire runs 40 messages through a lane at 100/s whose sink reports
+// the wire 15 ms and 1 ms after departure in turn (slowWireSink), inside a
+// synctest bubble, and drains it.
+func runSlowWire(t *testing.T) (*slowWireSink, *metrics.Lane) {
+	t.Helper()
+	cfg := laneConfig(100) // 10 ms interval
+	sink := &slowWireSink{long: 15 * time.Millisecond, short: time.Millisecond}
+	src := sourcetest.NewMem(cfg.Source.AckWait)
+	m := metrics.New(prometheus.NewRegistry()).Lane("test", 100)
+	l, err := New("test", cfg, src, sink, WithWaiter(TimerWaiter{}), WithMetrics(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Publish(40)
+	l.Start()
+	time.Sleep(5 * time.Second)
+	synctest.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	l.Drain(ctx)
+	cancel()
+	src.Close()
+	return sink, m
 }

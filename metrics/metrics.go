@@ -57,6 +57,11 @@ type Metrics struct {
 	// slots not granted yet, in seconds, after its requests reached the
 	// wire late (drain.ScheduleShifter).
 	ScheduleDelayed *prometheus.CounterVec
+	// LatenessForgiven is shaper_departure_lateness_forgiven_seconds_total
+	// (SPEC G1), by cause: the seconds the pacer's schedule gave up, to
+	// departures later than the make-up allows (late) and to requests that
+	// reached the wire late (wire); shaper.Pacer.Forgiven.
+	LatenessForgiven *prometheus.CounterVec
 	// BreakerOpen is shaper_breaker_open (SPEC §3 Breaker).
 	BreakerOpen *prometheus.GaugeVec
 	// FairActiveKeys is shaper_fair_active_keys (bucket.fair_key): keys
@@ -188,6 +193,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Slots of the shared schedule (rate.global) this replica held and did not use: its departure came later than the slot tolerance after them (a late wake-up, a stall). The schedule makes up part of them; the rest is the shared rate's shortfall."}, lane),
 		ScheduleDelayed: f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_global_schedule_delayed_seconds_total",
 			Help: "Seconds by which this replica moved the shared schedule's slots not granted yet after its requests reached the wire later than the others (rate.global): rate given up so that the downstream's windows hold."}, lane),
+		LatenessForgiven: f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_departure_lateness_forgiven_seconds_total",
+			Help: "Seconds the lane's schedule gave up, by cause: late (departures later than the make-up allows: a waiter that woke late, a stalled process) and wire (requests that reached the wire late, so the next departure was pushed back). Under a backlog the lane falls short of its limit by about this × the limit."}, []string{"lane", "cause"}),
 		ReloadSuccessful: f.NewGauge(prometheus.GaugeOpts{Name: "shaper_config_last_reload_successful",
 			Help: "1 when the last configuration loaded (start, SIGHUP, a change of the file) was valid and applied, 0 when it was rejected and the running one stayed."}),
 		ReloadSuccessTime: f.NewGauge(prometheus.GaugeOpts{Name: "shaper_config_last_reload_success_timestamp_seconds",
@@ -262,6 +269,9 @@ type Lane struct {
 	// ScheduleDelayed adds the seconds by which this replica moved the
 	// shared schedule after late writes (rate.global).
 	ScheduleDelayed prometheus.Counter
+	// ForgivenLate and ForgivenWire add the seconds the schedule gave up
+	// to late departures and to late wire reports (shaper.Pacer.Forgiven).
+	ForgivenLate, ForgivenWire prometheus.Counter
 	// BreakerOpen is 1 while the lane's breaker is open (SPEC §3 Breaker).
 	BreakerOpen prometheus.Gauge
 	// FairActiveKeys is the number of keys waiting (bucket.fair_key).
@@ -298,6 +308,8 @@ func (m *Metrics) Lane(name string, limit float64) *Lane {
 		Redelivered:     m.Redelivered.WithLabelValues(name),
 		SlotsDropped:    m.SlotsDropped.WithLabelValues(name),
 		ScheduleDelayed: m.ScheduleDelayed.WithLabelValues(name),
+		ForgivenLate:    m.LatenessForgiven.WithLabelValues(name, "late"),
+		ForgivenWire:    m.LatenessForgiven.WithLabelValues(name, "wire"),
 		BreakerOpen:     m.BreakerOpen.WithLabelValues(name),
 		FairActiveKeys:  m.FairActiveKeys.WithLabelValues(name),
 		FairQueueWait:   map[string]prometheus.Observer{},
@@ -335,7 +347,7 @@ func (m *Metrics) Remove(name string) {
 	}{
 		m.BucketDepth, m.BucketCapacity, m.RateLimit, m.InFlight, m.Admitted, m.Departures,
 		m.Deliveries, m.DeadLetters, m.Retries, m.QueueWait, m.TaskDuration, m.Paused,
-		m.Fallback, m.Redelivered, m.SlotsDropped, m.ScheduleDelayed, m.BreakerOpen, m.FairActiveKeys, m.FairQueueWait,
+		m.Fallback, m.Redelivered, m.SlotsDropped, m.ScheduleDelayed, m.LatenessForgiven, m.BreakerOpen, m.FairActiveKeys, m.FairQueueWait,
 	} {
 		v.DeletePartialMatch(match)
 	}

@@ -69,6 +69,9 @@ type Pacer struct {
 	pausedUntil time.Time
 	wireDelay   time.Duration // moving estimate of departure → wire
 
+	forgivenLate time.Duration // lateness beyond the make-up (Forgiven)
+	forgivenWire time.Duration // schedule moved by late wire reports (Forgiven)
+
 	warmth   float64   // w in [0,1]
 	warmedAt time.Time // instant up to which warmth is integrated
 	busy     bool      // bucket held messages since warmedAt
@@ -408,6 +411,7 @@ func (p *Pacer) Depart(ready, now time.Time) {
 		lag = min(lag, MakeUpLag(p.limit.Interval(), p.slack, p.minSpacing))
 	}
 	if floor := now.Add(-lag); floor.After(base) {
+		p.forgivenLate += floor.Sub(base)
 		base = floor
 	}
 	p.tat = base.Add(iv)
@@ -441,10 +445,21 @@ func (p *Pacer) Wire(departed, wired time.Time) bool {
 	// that starts on it holds one more).
 	iv := p.interval(wired)
 	if least := anchor.Add(iv - MakeUpLag(iv, p.slack, p.minSpacing)); p.tat.Before(least) {
+		p.forgivenWire += least.Sub(p.tat)
 		p.tat = least
 	}
 	return true
 }
+
+// Forgiven returns the time the schedule has given up since the pacer was
+// made, in two parts: late is the lateness of departures beyond what is
+// made up (MakeUpLag: a waiter that woke, or a process that ran, later
+// than that), wire the time late wire reports moved the schedule (Wire).
+// Under a backlog the departures fall short of the limit by about
+// (late + wire) × rate: it is where a lane's missing rate went (SPEC G1,
+// shaper_departure_lateness_forgiven_seconds_total). Idle time, pauses and
+// holds are not in it: they earn no credit by design (G2).
+func (p *Pacer) Forgiven() (late, wire time.Duration) { return p.forgivenLate, p.forgivenWire }
 
 // Rebase makes the schedule continue one interval (at the rate in force at
 // now) after the previous departure, with no lateness to make up and no
