@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/time/rate"
 
 	"github.com/shaper-dev/shaper/config"
@@ -74,11 +75,14 @@ type httpRow struct {
 	next        []time.Duration // quantiles of wire report → next departure
 	wireMean    time.Duration   // mean departure → wire delay
 	wireExcess  time.Duration   // mean excess of that delay over its mean (meanExcess)
-	conns       int             // TCP connections the downstream accepted
-	unstamped   int             // requests the kernel gave no stamp (stamped at the read)
-	downCPU     time.Duration
-	load        float64
-	err         error
+	// forgivenLate and forgivenWire are what the lane's schedule gave up
+	// (shaper_departure_lateness_forgiven_seconds_total, cause late, wire).
+	forgivenLate, forgivenWire time.Duration
+	conns                      int // TCP connections the downstream accepted
+	unstamped                  int // requests the kernel gave no stamp (stamped at the read)
+	downCPU                    time.Duration
+	load                       float64
+	err                        error
 }
 
 // httpContenders are the rows of section 11, in order.
@@ -219,6 +223,21 @@ type countingSink struct {
 	wire  []time.Duration // departure → wire report
 	start []time.Duration // departure → Send called (the task goroutine ran)
 	pairs [][2]time.Time  // (departure, wire report) of each request
+
+	metrics *metrics.Lane // the lane's series (runLaneOnSink)
+}
+
+// forgiven returns what the lane's schedule gave up, by cause
+// (shaper_departure_lateness_forgiven_seconds_total).
+func (s *countingSink) forgiven() (late, wire time.Duration) {
+	sec := func(c prometheus.Counter) time.Duration {
+		var m dto.Metric
+		if c.Write(&m) != nil {
+			return 0
+		}
+		return time.Duration(m.GetCounter().GetValue() * float64(time.Second))
+	}
+	return sec(s.metrics.ForgivenLate), sec(s.metrics.ForgivenWire)
 }
 
 // wireToNext returns, for each request but the last, the time from its wire
@@ -271,8 +290,8 @@ func runLaneOnSink(cfg config.Lane, sink drain.Sink, wire bool, n int) (int, met
 	if wire {
 		s = wiredSink{cs}
 	}
-	lane, err := drain.New("bench", cfg, newMemSource(n), s,
-		drain.WithMetrics(metrics.New(prometheus.NewRegistry()).Lane("bench", float64(cfg.Rate.Limit))))
+	cs.metrics = metrics.New(prometheus.NewRegistry()).Lane("bench", float64(cfg.Rate.Limit))
+	lane, err := drain.New("bench", cfg, newMemSource(n), s, drain.WithMetrics(cs.metrics))
 	if err != nil {
 		return 0, meterResult{}, nil, err
 	}
@@ -345,6 +364,7 @@ func runLaneHTTP(url string, n int, row *httpRow) (int, meterResult, error) {
 		row.wireMean, row.wireExcess = meanExcess(cs.wire)
 		cs.mu.Unlock()
 		row.next = delayQuantiles(cs.wireToNext())
+		row.forgivenLate, row.forgivenWire = cs.forgiven()
 	}
 	return sent, m, err
 }
@@ -774,6 +794,11 @@ func (r *Results) httpMarkdown() string {
 			w("anchored at each wire report less the usual delay, so a request later than usual pushes the next one\n")
 			w("back by its excess, and at most (1 − min_spacing) of an interval (%s µs) is made up per departure.\n\n",
 				fmtUs(time.Duration((1-shaper.DefaultMinSpacing)*float64(time.Second)/httpRate)))
+			w("The lane's own account (shaper_departure_lateness_forgiven_seconds_total): its schedule gave up\n")
+			w("%.1f ms to departures later than the make-up can recover (%.0f requests) and %.1f ms to late wire\n",
+				lane.forgivenLate.Seconds()*1e3, lane.forgivenLate.Seconds()*httpRate, lane.forgivenWire.Seconds()*1e3)
+			w("reports (%.0f requests), against %.0f requests fewer than the limit over the run.\n\n",
+				lane.forgivenWire.Seconds()*httpRate, httpRate*float64(lane.n-1)/lane.achieved+1-float64(lane.n))
 		}
 	}
 	w("Where the lane is behind, docs/performance.md says why, from a profile (`go run ./bench -section http\n")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -51,6 +52,15 @@ downstreams:
 	}
 	time.Sleep(time.Second)
 	arr, _ := down.snapshot()
+	// The lane's own departure gaps under 0.9 interval (18 ms), from its
+	// histogram: 0 unless the lane itself released two requests closer.
+	var close []string
+	for _, sm := range scrape(t, d.AdminAddr()) {
+		if le, err := strconv.ParseFloat(sm.labels["le"], 64); sm.name == "shaper_departure_gap_seconds_bucket" && err == nil && le < 0.0185 {
+			close = append(close, fmt.Sprintf("≤%s s: %v", sm.labels["le"], sm.value))
+		}
+	}
+	t.Logf("departure gaps (cumulative) %v", close)
 	d.stop(5 * time.Second)
 
 	var waits []time.Duration
@@ -86,6 +96,15 @@ downstreams:
 	n100, _ := maxInWindow(ts, 100*time.Millisecond)
 	t.Logf("most arrivals in a 1 s window %d (bound %d), in 100 ms %d (bound %d)", n1, shapertest.BoundWhole(time.Second, 50, 0),
 		n100, shapertest.BoundAny(100*time.Millisecond, 50, 0, 0.95))
+	// Two requests much closer than an interval are what a window over its
+	// bound is made of: name them (key, attempt), so that a failure says
+	// whether the lane released them so or the way to the downstream did.
+	for i := 1; i < len(arr); i++ {
+		if g := arr[i].at.Sub(arr[i-1].at); g < 10*time.Millisecond {
+			t.Logf("arrivals %v apart at +%v: %s (attempt %d) then %s (attempt %d)", g, arr[i-1].at.Sub(arr[0].at).Round(time.Millisecond),
+				arr[i-1].key, arr[i-1].attempt, arr[i].key, arr[i].attempt)
+		}
+	}
 	assertRate(t, "1s windows", ts, time.Second, shapertest.BoundWhole(time.Second, 50, 0))
 	assertRate(t, "100ms windows", ts, 100*time.Millisecond, shapertest.BoundAny(100*time.Millisecond, 50, 0, 0.95))
 }
