@@ -299,17 +299,21 @@ func (l *Lane) wired(m *shaper.Message, t time.Time) {
 }
 
 // countForgiven adds to the metrics what the pacer gave up since the last
-// call (shaper.Pacer.Forgiven, shaper_departure_lateness_forgiven_seconds_total);
-// l.mu held.
+// call (shaper.Pacer.TakeForgiven, shaper_departure_lateness_forgiven_seconds_total);
+// l.mu held. A global lane on the shared schedule has its own account
+// (shaper_global_slots_dropped_total): its slots make the local pacer look
+// late at every departure (Pacer.Rebase), so nothing is counted then.
 func (l *Lane) countForgiven() {
-	late, wire := l.pacer.Forgiven()
-	if d := late - l.forgiven[0]; d > 0 {
-		l.m.ForgivenLate.Add(d.Seconds())
+	late, wire := l.pacer.TakeForgiven()
+	if l.global != nil && !l.global.fallbackNow.Load() {
+		return
 	}
-	if d := wire - l.forgiven[1]; d > 0 {
-		l.m.ForgivenWire.Add(d.Seconds())
+	if late > 0 {
+		l.m.ForgivenLate.Add(late.Seconds())
 	}
-	l.forgiven = [2]time.Duration{late, wire}
+	if wire > 0 {
+		l.m.ForgivenWire.Add(wire.Seconds())
+	}
 }
 
 // Pause holds the lane's departures until until (a downstream's Retry-After).

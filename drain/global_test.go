@@ -203,6 +203,11 @@ func TestGlobalLaneTakesSharedSlots(t *testing.T) {
 				if v := testutil.ToFloat64(h.m.Fallback); v != 0 {
 					t.Errorf("fallback gauge = %v", v)
 				}
+				// Every departure left 20 ms after the local pacer's time
+				// (its slot): that is the shared schedule, not lateness.
+				if v := testutil.ToFloat64(h.m.ForgivenLate) + testutil.ToFloat64(h.m.ForgivenWire); v != 0 {
+					t.Errorf("shaper_departure_lateness_forgiven_seconds_total = %v on the shared schedule, want 0", v)
+				}
 			})
 		})
 	}

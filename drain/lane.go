@@ -76,10 +76,8 @@ type Lane struct {
 	bucket *shaper.Bucket
 	slots  *semaphore // max_in_flight
 
-	mu    sync.Mutex
-	pacer *shaper.Pacer
-	// forgiven is what of pacer.Forgiven the metrics have counted.
-	forgiven [2]time.Duration
+	mu       sync.Mutex
+	pacer    *shaper.Pacer
 	inflight map[*shaper.Message]struct{}
 	// unwired is the last departed message while its request is not yet on
 	// the wire (sinks that report it, see WireReporter), departedAt its
@@ -306,7 +304,6 @@ func (l *Lane) Start() {
 	}
 	l.mu.Lock()
 	l.pacer = shaper.NewPacer(l.pacerConfigNow(*l.conf(), time.Now()), time.Now()) // cold at start
-	l.forgiven = [2]time.Duration{}
 	l.mu.Unlock()
 	if pk, ok := l.src.(PinKeeper); ok && pk.Standby() {
 		l.standby = laneStandby{pins: pk, done: make(chan struct{})}

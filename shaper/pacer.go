@@ -69,8 +69,8 @@ type Pacer struct {
 	pausedUntil time.Time
 	wireDelay   time.Duration // moving estimate of departure → wire
 
-	forgivenLate time.Duration // lateness beyond the make-up (Forgiven)
-	forgivenWire time.Duration // schedule moved by late wire reports (Forgiven)
+	forgivenLate time.Duration // lateness beyond the make-up, not yet taken (TakeForgiven)
+	forgivenWire time.Duration // schedule moved by late wire reports, not yet taken
 
 	warmth   float64   // w in [0,1]
 	warmedAt time.Time // instant up to which warmth is integrated
@@ -451,15 +451,19 @@ func (p *Pacer) Wire(departed, wired time.Time) bool {
 	return true
 }
 
-// Forgiven returns the time the schedule has given up since the pacer was
-// made, in two parts: late is the lateness of departures beyond what is
-// made up (MakeUpLag: a waiter that woke, or a process that ran, later
-// than that), wire the time late wire reports moved the schedule (Wire).
-// Under a backlog the departures fall short of the limit by about
-// (late + wire) × rate: it is where a lane's missing rate went (SPEC G1,
-// shaper_departure_lateness_forgiven_seconds_total). Idle time, pauses and
-// holds are not in it: they earn no credit by design (G2).
-func (p *Pacer) Forgiven() (late, wire time.Duration) { return p.forgivenLate, p.forgivenWire }
+// TakeForgiven returns the time the schedule has given up since the last
+// call, and clears it, in two parts: late is the lateness of departures
+// beyond what is made up (MakeUpLag: a waiter that woke, or a process that
+// ran, later than that), wire the time late wire reports moved the
+// schedule (Wire). Under a backlog the departures fall short of the limit
+// by about (late + wire) × rate: it is where a lane's missing rate went
+// (SPEC G1, shaper_departure_lateness_forgiven_seconds_total). Idle time,
+// pauses and holds are not in it: they earn no credit by design (G2).
+func (p *Pacer) TakeForgiven() (late, wire time.Duration) {
+	late, wire = p.forgivenLate, p.forgivenWire
+	p.forgivenLate, p.forgivenWire = 0, 0
+	return late, wire
+}
 
 // Rebase makes the schedule continue one interval (at the rate in force at
 // now) after the previous departure, with no lateness to make up and no
