@@ -60,7 +60,7 @@ type Metrics struct {
 	// LatenessForgiven is shaper_departure_lateness_forgiven_seconds_total
 	// (SPEC G1), by cause: the seconds the pacer's schedule gave up, to
 	// departures later than the make-up allows (late) and to requests that
-	// reached the wire late (wire); shaper.Pacer.Forgiven.
+	// reached the wire late (wire); shaper.Pacer.TakeForgiven.
 	LatenessForgiven *prometheus.CounterVec
 	// BreakerOpen is shaper_breaker_open (SPEC §3 Breaker).
 	BreakerOpen *prometheus.GaugeVec
@@ -270,7 +270,7 @@ type Lane struct {
 	// shared schedule after late writes (rate.global).
 	ScheduleDelayed prometheus.Counter
 	// ForgivenLate and ForgivenWire add the seconds the schedule gave up
-	// to late departures and to late wire reports (shaper.Pacer.Forgiven).
+	// to late departures and to late wire reports (shaper.Pacer.TakeForgiven).
 	ForgivenLate, ForgivenWire prometheus.Counter
 	// BreakerOpen is 1 while the lane's breaker is open (SPEC §3 Breaker).
 	BreakerOpen prometheus.Gauge
