@@ -34,19 +34,17 @@ func (h slowHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 // its 20 µs tolerance, and the lane dropped it: at 1,000/s, with leases of
 // two, the replicas reached about half the rate.
 //
-// What is asserted is that mechanism, call by call: after the first call,
-// no call has to reserve in line (its lease used up and no reservation in
-// flight: in line, every lease's end, 19 of 100), and a call served from
-// the lease it holds is not stale. A call that takes the first slot of the
-// next lease waits for the reservation made ahead when that round trip
-// (400 µs, plus the wake-ups of the goroutine that makes it) outlasts the
-// rest of the lease (2 slots, 800 µs): on a VM whose idle cores wake slowly
-// 14 of those 19 were stale under -race (CI, session 16). That is the
-// machine's, and the lane counts it (shaper_global_slots_dropped_total), so
-// it is logged, not asserted; so are the held slots handed out late (this
-// test's goroutine began late, or Reserve waited for the mutex that the
-// reservation ahead takes around its round trip: 3–11 per run under -race
-// here, 6–7 of them in Reserve).
+// Besides the stale slots, no call after the first may reserve in line
+// (its lease used up, no reservation in flight): in line, every lease's
+// end does (25–26 of 100). The stale count alone does not see that: a
+// lease reserved in line starts at the schedule's "now", so none of its
+// slots is stale (0 of 100 with maybeAhead a no-op), and the cost shows
+// only as the departures' wait for each round trip. On a VM whose idle cores wake slowly the stale
+// count under -race is 1–15 (one CI run of session 16 failed at 14): the
+// call began in time in every case (read before its look at the lease) and
+// waited in Reserve for the mutex that the reservation ahead takes before
+// and after its round trip, parking and waking late. That is a shortfall
+// of Reserve, not of this test: the bound stays.
 func TestRedisLastSlotNotStale(t *testing.T) {
 	rd := startRedis(t)
 	rs := newSlots(t, rd.Addr)
@@ -59,43 +57,23 @@ func TestRedisLastSlotNotStale(t *testing.T) {
 	tol := shaper.SlotTolerance(req.Interval, req.Slack, req.MinSpacing)
 	var prev time.Time
 	var slots []time.Time
-	// stale: slots later than their tolerance at hand-out, by what the
-	// call had to do; inLine: calls after the first that reserved in line.
-	// slowHeld: calls served from the lease held that took longer than the
-	// tolerance themselves (the rest of staleHeld began late: this test's
-	// goroutine, spinning beside the hook's spin on two cores, lost its
-	// core for a while).
-	var staleHeld, slowHeld, staleWaited, waited, inLine int
+	stale, inLine := 0, 0
 	const calls = 100
 	for i := range calls {
 		if i > 0 { // when the lane's pacer would let the departure go
 			spinUntil(prev.Add(time.Duration(req.MinSpacing * float64(req.Interval))))
 		}
 		ls.mu.Lock()
-		usedUp, inFlight := ls.lease.next >= ls.lease.n, ls.ahead != nil
+		if i > 0 && ls.lease.next >= ls.lease.n && ls.ahead == nil {
+			inLine++ // this call must reserve in line
+		}
 		ls.mu.Unlock()
-		t0 := time.Now()
 		slot, err := ls.Reserve(context.Background(), req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		took := time.Since(t0)
-		late := time.Since(slot) > tol
-		switch {
-		case usedUp && !inFlight:
-			if i > 0 {
-				inLine++
-			}
-		case usedUp:
-			waited++
-			if late {
-				staleWaited++
-			}
-		case late:
-			staleHeld++
-			if took > tol {
-				slowHeld++
-			}
+		if late := time.Since(slot); late > tol {
+			stale++
 		}
 		slots = append(slots, slot)
 		spinUntil(slot)
@@ -103,13 +81,12 @@ func TestRedisLastSlotNotStale(t *testing.T) {
 	}
 	steady := slots[10:]
 	rate := float64(len(steady)-1) / steady[len(steady)-1].Sub(steady[0]).Seconds()
-	t.Logf("%.0f/s of 2,500/s over the last %d slots; later than their tolerance %v at hand-out: %d served from the lease held (%d of them taking longer than that in Reserve), %d of %d that waited for the lease reserved ahead; %d reserved in line after the first call",
-		rate, len(steady), tol, staleHeld, slowHeld, staleWaited, waited, inLine)
+	t.Logf("%.0f/s of 2,500/s over the last %d slots; %d of %d slots later than their tolerance %v at hand-out; %d reserved in line after the first call", rate, len(steady), stale, calls, tol, inLine)
 	if inLine > 0 {
 		t.Errorf("%d calls after the first reserved the next lease in line (leases of 5 at 2,500/s), want 0: the lease is not reserved ahead", inLine)
 	}
-	if staleWaited > 10 { // a lease reserved ahead too late: every one (19 of 19)
-		t.Errorf("%d of %d calls that waited for the lease reserved ahead were later than their tolerance %v, want at most 10: the next lease is reserved too late", staleWaited, waited, tol)
+	if stale > 10 { // a held slot or the lease ahead handed out late; a loaded machine makes the odd call late
+		t.Errorf("%d of %d slots were handed out later than their tolerance %v (round trips of 400 µs at 2,500/s, leases of 5), want at most 10: the lease reserved ahead delays the last slot", stale, calls, tol)
 	}
 	// Let the lease reserved ahead arrive before the server stops.
 	ls.mu.Lock()
