@@ -53,6 +53,8 @@ func (l *Lane) departLoop() {
 			continue
 		}
 		l.depart(m, empty, ready, now, scheduled)
+		// 5. After the departure: the shared schedule may reserve ahead.
+		l.prefetchSlots(ctx)
 	}
 }
 

@@ -616,3 +616,54 @@ func TestGlobalLateWriteShiftsSchedule(t *testing.T) {
 		}
 	})
 }
+
+// prefetchSchedule is a fakeSchedule that reserves ahead (SlotPrefetcher):
+// it records, at each PrefetchSlots, how many departures the sink had
+// seen and how many slots were reserved.
+type prefetchSchedule struct {
+	fakeSchedule
+	sink *recSink
+	at   [][2]int // per call: deliveries seen, slots reserved
+}
+
+func (p *prefetchSchedule) PrefetchSlots(context.Context) {
+	n := len(p.sink.snapshot())
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.at = append(p.at, [2]int{n, p.reserves})
+}
+
+// TestGlobalPrefetchAfterDeparture: SlotPrefetcher — the departure loop
+// lets the shared schedule reserve ahead once per departure, after the
+// departure (the goroutine's start it costs is off the departure's path:
+// redisslots.TestRedisLastSlotNotStale), and never in the fallback.
+func TestGlobalPrefetchAfterDeparture(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink := &recSink{}
+		g := &prefetchSchedule{fakeSchedule: fakeSchedule{share: 1}, sink: sink}
+		h := newGlobalHarness(t, 100, sink, g, 2, nil)
+		h.src.Publish(40)
+		h.lane.Start()
+		time.Sleep(time.Second / 4)
+		synctest.Wait()
+		g.set(func(f *fakeSchedule) { f.down = true }) // the fallback from the next departure on
+		time.Sleep(time.Second)
+		synctest.Wait()
+		h.stop(time.Second)
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if len(sink.snapshot()) != 40 {
+			t.Fatalf("%d delivered, want 40", len(sink.snapshot()))
+		}
+		if len(g.at) != g.reserves || g.reserves == 0 || g.reserves == 40 {
+			t.Fatalf("%d prefetches for %d slots reserved of 40 departures, want one per slot, and departures in the fallback", len(g.at), g.reserves)
+		}
+		for i, c := range g.at {
+			// The i-th call follows the i-th slot's departure; the sink
+			// sees it once its task ran (by the next departure).
+			if c[1] != i+1 || c[0] < i {
+				t.Errorf("prefetch %d: %d delivered and %d slots reserved, want after the departure of slot %d", i, c[0], c[1], i+1)
+			}
+		}
+	})
+}

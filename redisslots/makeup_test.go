@@ -2,6 +2,7 @@ package redisslots
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"sync/atomic"
@@ -192,17 +193,10 @@ func TestRedisLateDropMadeUp(t *testing.T) {
 // for — the held slot it releases and the stale slots of its lease — with
 // their lateness (the benchmark's account of a shortfall, section 6).
 func TestLaneSlotsDropped(t *testing.T) {
-	rd := startRedis(t)
 	ctx := context.Background()
 	// The clock stands still at the instants the test sets, so that the
 	// lateness is exact whatever this machine's scheduling delays.
-	var frozen atomic.Pointer[time.Time]
-	rs := newSlots(t, rd.Addr, WithRedisClock(func() time.Time {
-		if f := frozen.Load(); f != nil {
-			return *f
-		}
-		return time.Now()
-	}))
+	rs, frozen := frozenSlots(t)
 	ls := rs.Lane("dropped")
 	var notified atomic.Int64 // what shaper_global_slots_dropped_total would count
 	ls.OnDrop(func(n int) { notified.Add(int64(n)) })
@@ -287,4 +281,85 @@ func TestLaneSlotsShift(t *testing.T) {
 	if d := b1 - a1; math.Abs(d-ivUS) > near {
 		t.Errorf("after a shift for a slot never granted, the next slot is %.0f µs after the last, want one interval (%.0f)", d, ivUS)
 	}
+}
+
+// TestRedisRepayKeepsMinSpacing: shaper.SlotRepayMax — the make-up of a
+// dropped slot spaces the following slots closer, but with slack 0 never
+// closer than min_spacing, at every rate: a replica's own pacer keeps
+// min_spacing between its departures (Pacer.floored), and reached slots
+// spaced closer only after them. Above SpacingMaxRate the floor-free
+// make-up (60 µs at 2,500/s) spaced them at 85 % of the interval: the lane
+// arrived 40 µs after slots whose tolerance is 60 µs, dropped them, and
+// owed them again. With slack, where the pacer keeps no floor, the
+// floor-free make-up stays (the owed cap, shaper.MakeUpLag, limits it to
+// 12 µs a slot at 2,500/s here).
+func TestRedisRepayKeepsMinSpacing(t *testing.T) {
+	ctx := context.Background()
+	rs, frozen := frozenSlots(t)
+	for _, tc := range []struct {
+		perSecond float64
+		slack     int
+	}{{500, 0}, {2500, 0}, {5000, 0}, {2500, 1}} {
+		frozen.Store(nil)
+		ls := rs.Lane(fmt.Sprintf("repay-%v-%d", tc.perSecond, tc.slack))
+		iv := interval(tc.perSecond)
+		req := slotReq(iv)
+		req.Slack = tc.slack
+		useUp := func() {
+			ls.mu.Lock()
+			ls.lease.next = ls.lease.n
+			ls.mu.Unlock()
+		}
+		// Leases back to back: the schedule runs ahead of now, so it keeps
+		// what it is owed (a schedule behind now forgets it).
+		var held time.Time
+		for range 5 {
+			useUp()
+			var err error
+			if held, err = ls.Reserve(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The held slot is dropped half an interval past its tolerance:
+		// its interval is owed, and sent with the next reserve.
+		at := held.Add(shaper.SlotTolerance(iv, req.Slack, req.MinSpacing) + iv/2)
+		frozen.Store(&at)
+		if err := ls.Release(ctx, held, req); err != nil {
+			t.Fatal(err)
+		}
+		useUp()
+		if _, err := ls.Reserve(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		ls.mu.Lock()
+		sp := ls.lease.interval
+		ls.mu.Unlock()
+		floor := time.Duration(req.MinSpacing * float64(iv))
+		t.Logf("%v/s, slack %d: slots %v apart while the make-up is repaid (interval %v, min spacing %v)", tc.perSecond, tc.slack, sp, iv, floor)
+		if sp >= iv {
+			t.Errorf("%v/s, slack %d: slots %v apart after a dropped slot, want closer than the interval %v (the make-up)", tc.perSecond, tc.slack, sp, iv)
+		}
+		if tc.slack == 0 && sp < floor-time.Microsecond {
+			t.Errorf("%v/s, slack 0: slots %v apart, closer than min spacing %v: the lane's pacer reaches them late", tc.perSecond, sp, floor)
+		}
+		if want := shaper.SlotMakeUp(iv, req.MinSpacing); tc.slack > 0 && shaper.SlotRepayMax(iv, tc.slack, req.MinSpacing) != want {
+			t.Errorf("%v/s, slack %d: SlotRepayMax %v, want the floor-free make-up %v (no floor without slack 0)", tc.perSecond, tc.slack,
+				shaper.SlotRepayMax(iv, tc.slack, req.MinSpacing), want)
+		}
+	}
+}
+
+// frozenSlots returns RedisSlots on a fresh redis-server whose clock reads
+// the instant frozen holds, or the time when it holds none.
+func frozenSlots(t *testing.T) (*RedisSlots, *atomic.Pointer[time.Time]) {
+	t.Helper()
+	rd := startRedis(t)
+	frozen := &atomic.Pointer[time.Time]{}
+	rs := newSlots(t, rd.Addr, WithRedisClock(func() time.Time {
+		if f := frozen.Load(); f != nil {
+			return *f
+		}
+		return time.Now()
+	}))
+	return rs, frozen
 }

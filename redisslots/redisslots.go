@@ -265,13 +265,18 @@ type LaneSlots struct {
 	mu    sync.Mutex
 	lease lease
 	sync  clockSync
-	// ahead is closed when the lease reserved ahead (as the last slot of
-	// the current one was handed out) is in aheadLease and aheadErr; nil
-	// when none is pending or waiting to be used.
-	ahead      chan struct{}
-	aheadLease lease
-	aheadErr   error
-	pausedTo   time.Time // the latest shared pause this replica set (Pause)
+	// ahead is closed when the answer to the reservation made ahead (once
+	// half of the current lease was handed out: maybeAhead) is in
+	// aheadCall; nil when none is pending or waiting to be used. The
+	// goroutine that makes it writes aheadCall without s.mu and closes
+	// ahead; only the holder of s.mu that received from ahead reads it.
+	ahead     chan struct{}
+	aheadCall reserveCall
+	// aheadWant says the lease reserved ahead is due (maybeAhead), under
+	// aheadReq, and waits for PrefetchSlots to start it.
+	aheadWant bool
+	aheadReq  drain.SlotRequest
+	pausedTo  time.Time // the latest shared pause this replica set (Pause)
 	// owed is the make-up this replica owes the schedule for the slots it
 	// dropped since its last reserve because it woke too late for them
 	// (Release, dropStale): sent with the next reserve, which repays it by
@@ -466,6 +471,7 @@ func (s *LaneSlots) Reserve(ctx context.Context, r drain.SlotRequest) (time.Time
 		return time.Time{}, err
 	}
 	s.lease = next
+	s.aheadWant = false // due, if at all, within this lease
 	// A fresh lease is the schedule's own answer at this moment: when even
 	// its last slot looks stale (a round trip slower than the lag allows),
 	// that slot is still used rather than none (and is owed nothing: the
@@ -499,10 +505,14 @@ func (s *LaneSlots) handOut(ctx context.Context, r drain.SlotRequest) time.Time 
 	return t
 }
 
-// maybeAhead reserves the next lease in the background once half of the
+// maybeAhead has the next lease reserved in the background once half of the
 // current one (of several slots) is handed out; s.mu is held. The round
 // trip then overlaps the wait for the rest of the lease instead of
-// delaying a departure. Made in line as the last slot was handed out (the
+// delaying a departure. It starts at the caller's next PrefetchSlots,
+// after the departure of the slot just handed out (a goroutine's start
+// costs the caller up to 220 µs here: drain.SlotPrefetcher), or at once
+// when the last slot is handed out before that (a caller that does not
+// prefetch). Made in line as the last slot was handed out (the
 // code before), it left too little of that slot's tolerance: at 1,000/s,
 // leases of two, one slot in two was dropped as stale and the replicas
 // reached 468–516/s (bench section 6); and a lease reserved only at its
@@ -511,22 +521,45 @@ func (s *LaneSlots) handOut(ctx context.Context, r drain.SlotRequest) time.Time 
 // holds at most two leases (4 ms of the schedule): slots it leaves unused
 // at a pause or a stop are lost, never given back as a burst.
 func (s *LaneSlots) maybeAhead(ctx context.Context, r drain.SlotRequest) {
-	if s.lease.n > 1 && s.ahead == nil && s.lease.n-s.lease.next <= s.lease.n/2 {
-		s.startAhead(ctx, r)
+	// The clock is synced once a lease was reserved (reserve): the
+	// reservation ahead needs no samples of its own.
+	if s.lease.n > 1 && s.ahead == nil && s.sync.set && s.lease.n-s.lease.next <= s.lease.n/2 {
+		s.aheadWant, s.aheadReq = true, r
+		if s.lease.next >= s.lease.n {
+			s.startAhead(ctx, r)
+		}
+	}
+}
+
+// PrefetchSlots starts the reservation of the next lease when it is due
+// (maybeAhead), in the background (drain.SlotPrefetcher). It does not
+// block on Redis.
+func (s *LaneSlots) PrefetchSlots(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.aheadWant && s.ahead == nil {
+		s.startAhead(ctx, s.aheadReq)
 	}
 }
 
 // startAhead reserves the next lease under r in a goroutine of its own;
-// s.mu is held. The call is not cancelled with ctx (its own timeout bounds
-// it), so that a lease Redis granted is not lost on the way.
+// s.mu is held. The reservation's arguments are made here, under the
+// caller's lock, and its answer is read into a lease by adoptAhead, under
+// Reserve's: the goroutine never takes s.mu. When it locked s.mu around its
+// round trip (the code before), Reserve could wait for that lock while a
+// departure's slot went by: a waiter parked on a mutex wakes late on a VM
+// whose idle cores wake slowly (TestRedisLastSlotNotStale: 3–15 of 100
+// slots stale under -race). The call is not cancelled with ctx (its own
+// timeout bounds it), so that a lease Redis granted is not lost on the way.
 func (s *LaneSlots) startAhead(ctx context.Context, r drain.SlotRequest) {
+	s.aheadWant = false
 	done := make(chan struct{})
 	s.ahead = done
+	call := s.prepareReserve(r)
 	ctx = context.WithoutCancel(ctx)
 	go func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.aheadLease, s.aheadErr = s.reserveUnlocking(ctx, r, true)
+		call.reply, call.res, call.t0, call.t1, call.err = s.runAll(ctx, "reserve", call.args...)
+		s.aheadCall = call
 		close(done)
 	}()
 }
@@ -555,8 +588,9 @@ func (s *LaneSlots) adoptAhead(ctx context.Context) error {
 		}
 	}
 	s.ahead = nil
-	l, err := s.aheadLease, s.aheadErr
-	s.aheadLease, s.aheadErr = lease{}, nil
+	call := s.aheadCall
+	s.aheadCall = reserveCall{}
+	l, err := s.finishReserve(call)
 	if err != nil {
 		if _, spent := errors.AsType[*drain.QuotaWait](err); spent {
 			return err
@@ -577,35 +611,45 @@ func isTimeout(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
+// reserveCall is one reservation's call: the arguments made for it
+// (prepareReserve) and the script's answer (runAll), which finishReserve
+// reads into a lease.
+type reserveCall struct {
+	r     drain.SlotRequest
+	args  []string
+	k     int  // the slots asked for
+	quota bool // under a shared quota
+	// The answer: its two leading numbers, the whole of it, the local
+	// instants around the round trip, and the call's error.
+	reply  [2]float64
+	res    []string
+	t0, t1 time.Time
+	err    error
+}
+
 // reserve runs the script for a lease of leaseSize(interval) slots; s.mu
 // is held.
 func (s *LaneSlots) reserve(ctx context.Context, r drain.SlotRequest) (lease, error) {
-	return s.reserveUnlocking(ctx, r, false)
-}
-
-// reserveUnlocking is reserve; with unlock, s.mu is released during the
-// round trips (the lease reserved ahead: the departures go on from the
-// current lease meanwhile).
-func (s *LaneSlots) reserveUnlocking(ctx context.Context, r drain.SlotRequest, unlock bool) (lease, error) {
-	call := func(op string, args ...string) ([2]float64, []string, time.Time, time.Time, error) {
-		if unlock {
-			s.mu.Unlock()
-			defer s.mu.Lock()
-		}
-		return s.runAll(ctx, op, args...)
-	}
-	interval := r.Interval
 	if !s.sync.set {
 		// A first round trip is often lopsided (lazy set-up on the way
 		// out): anchor the clock on a few samples before the first lease.
 		for range syncSamples {
-			reply, _, t0, t1, err := call("time")
+			reply, _, t0, t1, err := s.runAll(ctx, "time")
 			if err != nil {
 				return lease{}, err
 			}
 			s.sync.observe(t0, t1, reply[1])
 		}
 	}
+	call := s.prepareReserve(r)
+	call.reply, call.res, call.t0, call.t1, call.err = s.runAll(ctx, "reserve", call.args...)
+	return s.finishReserve(call)
+}
+
+// prepareReserve makes the arguments of a reservation under r, and takes
+// the make-up owed into them; s.mu is held.
+func (s *LaneSlots) prepareReserve(r drain.SlotRequest) reserveCall {
+	interval := r.Interval
 	k := leaseSize(interval)
 	us := func(d time.Duration) string {
 		return strconv.FormatFloat(float64(d)/float64(time.Microsecond), 'f', 3, 64)
@@ -636,13 +680,21 @@ func (s *LaneSlots) reserveUnlocking(ctx context.Context, r drain.SlotRequest, u
 		owed = 0
 	}
 	args = append(args, us(owed), us(shaper.MakeUpLag(interval, max(0, r.Slack), r.MinSpacing)),
-		strconv.FormatFloat(owedComp, 'f', 3, 64))
-	reply, res, t0, t1, err := call("reserve", args...)
-	if err != nil {
-		return lease{}, err
+		strconv.FormatFloat(owedComp, 'f', 3, 64),
+		// Repaid no faster than the lane's own pacer can follow.
+		us(shaper.SlotRepayMax(interval, max(0, r.Slack), r.MinSpacing)))
+	return reserveCall{r: r, args: args, k: k, quota: quota}
+}
+
+// finishReserve reads the answer of call into a lease, or the error; s.mu
+// is held.
+func (s *LaneSlots) finishReserve(call reserveCall) (lease, error) {
+	if call.err != nil {
+		return lease{}, call.err
 	}
-	start, now := reply[0], reply[1]
-	s.sync.observe(t0, t1, now)
+	interval, k, quota, res := call.r.Interval, call.k, call.quota, call.res
+	start, now := call.reply[0], call.reply[1]
+	s.sync.observe(call.t0, call.t1, now)
 	spacing, comp, repay := interval, 0.0, 0.0
 	if len(res) >= 7 {
 		ivUS := float64(interval) / float64(time.Microsecond)

@@ -53,6 +53,10 @@
 --                  wake-ups"). A replica reports its drop after the other
 --                  replicas took their next slots: what those slots repaid
 --                  is not repaid again.
+--          ARGV[12] the most the make-up may space two consecutive slots
+--                  closer than interval, microseconds (absent = lag): the
+--                  lane's own pacer keeps min_spacing between its
+--                  departures with slack 0 (shaper.SlotRepayMax)
 --          returns {start, now, pause, granted, remaining, spacing, comp}: the
 --          slots are start + i*spacing for i < granted (granted <= k: the
 --          quota may cut a lease short; spacing is interval less the
@@ -189,9 +193,12 @@ elseif add > 0 then
   if room > 0 then owed = owed + math.min(add, room) end
 end
 owed = math.min(owed, cap)
--- The make-up repaid per slot of this lease: at most lag, so consecutive
--- slots stay at least interval - lag apart (min_spacing).
-local repay = math.min(owed / k, lag)
+-- The make-up repaid per slot of this lease: at most lag, and at most
+-- ARGV[12], so consecutive slots stay at least interval - ARGV[12] apart
+-- (min_spacing, as the lane's own pacer spaces them).
+local repaymax = tonumber(ARGV[12] or '') or lag
+if repaymax < 0 then return redis.error_reply('ERR shaper: bad reserve arguments') end
+local repay = math.min(owed / k, lag, repaymax)
 local sp = iv - repay
 local granted = k
 local remaining = -1

@@ -193,6 +193,22 @@ func SlotMakeUp(iv time.Duration, minSpacing float64) time.Duration {
 	return min(makeUpFree(iv, minSpacing), iv-1)
 }
 
+// SlotRepayMax is the most a shared schedule at interval iv may space two
+// consecutive slots closer than iv while it repays the make-up of dropped
+// slots: SlotMakeUp, but with slack 0 no more than (1 − min_spacing)
+// intervals, at every rate. A replica's own pacer then keeps min_spacing
+// between its departures (Pacer.floored), so it reaches a slot spaced
+// closer than that only after the slot, by the difference: at 2,500/s the
+// floor-free 60 µs put it 40 µs past slots whose tolerance is 60 µs, and the
+// slots it then dropped were owed again (TestRedisLastSlotNotStale).
+func SlotRepayMax(iv time.Duration, slack int, minSpacing float64) time.Duration {
+	m := SlotMakeUp(iv, minSpacing)
+	if slack > 0 {
+		return m
+	}
+	return min(m, time.Duration((1-clampSpacing(minSpacing))*float64(iv)))
+}
+
 func clampSpacing(s float64) float64 {
 	if s <= 0 || s > 1 || math.IsNaN(s) {
 		return DefaultMinSpacing
