@@ -26,6 +26,19 @@ type laneQuota struct {
 	// replica took the slot that freed (a second wait of the same window,
 	// not a new one). The first departure after it logs "quota renewed".
 	announced bool
+	// loud says the current wait was logged at Info; loudUntil is when
+	// the last such wait was to end as it began: where the quota's next
+	// window opens (with a shared quota, maybe with another replica's
+	// departure). A wait that ends before loudUntil + per is in that window
+	// (a replay of the window before, where that one was slower: a late
+	// wake-up, a dropped slot, the warmup) and is logged at Debug: at 50/s,
+	// quota 30 per 2 s, two replicas, such waits of 40–80 ms came one or two
+	// a window (TestGlobalQuotaTwoReplicas: 6–15 "quota spent" lines for 4
+	// windows). The next window's wait ends at the earliest the quota's
+	// margins (shaper.QuotaMargin) after loudUntil + per, and is logged at
+	// Info.
+	loud      bool
+	loudUntil time.Time
 }
 
 // setQuota turns the quota on, off or changes it for cfg (New, Update), with
@@ -108,7 +121,13 @@ func (l *Lane) quotaUntil(now, paced time.Time) (time.Time, bool) {
 		if held {
 			if !l.quota.announced {
 				l.quota.announced = true
-				l.log.Info("quota spent: departures wait", "until", at.Format(time.RFC3339Nano))
+				l.quota.loud = l.quota.loudUntil.IsZero() || !at.Before(l.quota.loudUntil.Add(l.quota.q.Per()))
+				if l.quota.loud {
+					l.quota.loudUntil = at
+					l.log.Info("quota spent: departures wait", "until", at.Format(time.RFC3339Nano))
+				} else {
+					l.log.Debug("quota spent again within its window: departures wait", "until", at.Format(time.RFC3339Nano))
+				}
 			}
 			l.m.Paused.Set(1)
 		}
@@ -141,7 +160,11 @@ func (l *Lane) quotaDepart(now time.Time) {
 		}
 		if l.quota.announced {
 			l.quota.announced = false
-			l.log.Info("quota renewed: departures resume")
+			if l.quota.loud {
+				l.log.Info("quota renewed: departures resume")
+			} else {
+				l.log.Debug("quota renewed: departures resume")
+			}
 		}
 	}
 }

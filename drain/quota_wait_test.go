@@ -177,3 +177,61 @@ func startQuotaGlobal(t *testing.T, sink Sink, g GlobalSchedule, log *slog.Logge
 	h.lane.Start()
 	return h
 }
+
+// spentScript is a fakeSchedule whose shared quota answers "spent until
+// until(now)" once at each number of slots reserved that it lists.
+type spentScript struct {
+	fakeSchedule
+	at map[int]func(now time.Time) time.Time
+}
+
+func (s *spentScript) Reserve(ctx context.Context, r SlotRequest) (time.Time, error) {
+	s.mu.Lock()
+	if until, ok := s.at[s.reserves]; ok {
+		delete(s.at, s.reserves)
+		s.mu.Unlock()
+		return time.Time{}, &QuotaWait{Until: until(time.Now())}
+	}
+	s.mu.Unlock()
+	return s.fakeSchedule.Reserve(ctx, r)
+}
+
+// TestGlobalQuotaShortWaitInWindowLogsDebug: laneQuota.loudUntil — a wait
+// that ends within per of where the last logged wait ended is in the
+// window that wait opened (a replay of a slower window before it): it
+// holds the lane like any wait, but logs at Debug; the next window's wait
+// logs at Info again (quota 2 s; waits at 5, 10 and 15 slots: until 1.1 s,
+// 50 ms long, and until 3.2 s).
+func TestGlobalQuotaShortWaitInWindowLogsDebug(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		g := &spentScript{fakeSchedule: fakeSchedule{share: 1}, at: map[int]func(time.Time) time.Time{
+			5:  func(time.Time) time.Time { return start.Add(1100 * time.Millisecond) },
+			10: func(now time.Time) time.Time { return now.Add(50 * time.Millisecond) },
+			15: func(time.Time) time.Time { return start.Add(3200 * time.Millisecond) },
+		}}
+		rec := &recSink{}
+		logs := &logRecorder{}
+		h := newGlobalHarness(t, 50, rec, g, 2, slog.New(logs))
+		cfg := *h.lane.conf()
+		cfg.Rate.Quota.Count, cfg.Rate.Quota.Per = 1000, 2*time.Second
+		if err := h.lane.Update(cfg); err != nil {
+			t.Fatal(err)
+		}
+		h.src.Publish(20)
+		h.lane.Start()
+		time.Sleep(4 * time.Second)
+		synctest.Wait()
+		h.stop(time.Second)
+		if n := len(rec.snapshot()); n != 20 {
+			t.Errorf("%d departures, want 20", n)
+		}
+		info, debug := logs.count(slog.LevelInfo, "quota spent"), logs.count(slog.LevelDebug, "quota spent again within its window")
+		if info != 2 || debug != 1 {
+			t.Errorf("\"quota spent\" lines: %d at Info, %d at Debug, want 2 (the windows' waits) and 1 (the 50 ms wait inside a window)", info, debug)
+		}
+		if n := logs.count(slog.LevelInfo, "quota renewed"); n != 2 {
+			t.Errorf("%d \"quota renewed\" lines at Info, want 2", n)
+		}
+	})
+}

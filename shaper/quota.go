@@ -67,6 +67,9 @@ func (q *Quota) ordered() []time.Duration {
 // on reports whether the quota binds at all.
 func (q *Quota) on() bool { return q.count > 0 && q.per > 0 }
 
+// Per returns the quota's window, as configured (SetConfig).
+func (q *Quota) Per() time.Duration { return q.per }
+
 // Next returns the earliest instant at or after now at which one more
 // departure keeps the quota: now while fewer than Count departures have
 // been recorded, else Per + QuotaMargin after the oldest of the last Count.
