@@ -13,10 +13,10 @@ import (
 // TestGlobalRateRedisCluster: issue 13, Redis in the ways it fails, on a
 // Redis Cluster (three masters with a replica each, go-redis's cluster
 // client through UniversalClient) — two shaper processes share a 50/s lane.
-// Under a backlog: SCRIPT FLUSH on every master (each process loads the
-// script again once, on the master of the lane's key: no storm); CLUSTER
-// FAILOVER of that master to its replica (which has no script: loaded again
-// once more); then kill -9 of the new master (its replica is promoted after
+// Under a backlog: SCRIPT FLUSH on every master (the calls in flight load
+// the script again, on the master of the lane's key, and none after them:
+// no storm); CLUSTER FAILOVER of that master to its replica (which has no
+// script: loaded again the same way); then kill -9 of the new master (its replica is promoted after
 // the cluster-node-timeout; the killed node comes back empty as a replica).
 // In every 1 s window at the downstream ≤ 51 + 1 (the downstream allowance
 // of docs/scaling.md) + 1 (the replicas_hint fallback, N − 1), no gap over
@@ -76,17 +76,27 @@ downstreams:
 		t.Logf("%s: EVAL, failed EVALSHA per master %v (the lane's key on %s)", what, out, rc.MasterFor(key).Addr)
 		return out
 	}
-	// checkReload: on the master of the key, each process loads the script
-	// once (one NOSCRIPT, one EVAL); on the others, nothing.
+	// checkReload: on the master of the key, the script is loaded again by
+	// the calls in flight when its cache emptied (one NOSCRIPT, one EVAL
+	// each: go-redis's Script.Run), and then never again; on the others,
+	// nothing. A process has at most inFlight of the lane's script calls in
+	// flight at once: its reservation, and the Shift after a late write
+	// (drain.Lane.shiftSchedule, one at a time). A CLUSTER FAILOVER pauses
+	// the old master's clients and then redirects them all at once, so both
+	// may meet the empty cache: CI of session 16 saw 3 EVAL and 3 NOSCRIPT
+	// from the two processes; this test's bound was 2 then, on the wrong
+	// model of one call per process. A storm (EVAL on every call, a hand
+	// change) is 151.
+	const inFlight = 2
 	checkReload := func(what string, got map[string][2]int, owner string) {
 		t.Helper()
 		for addr, c := range got {
 			want := 0
 			if addr == owner {
-				want = replicas
+				want = inFlight * replicas
 			}
 			if c[0] > want || c[1] > want {
-				t.Errorf("%s: master %s saw %d EVAL and %d failed EVALSHA, want at most %d each (one reload per process on the master of the lane's key, no storm)",
+				t.Errorf("%s: master %s saw %d EVAL and %d failed EVALSHA, want at most %d each (a reload per script call in flight on the master of the lane's key, no storm)",
 					what, addr, c[0], c[1], want)
 			}
 			if addr == owner && c[0] < 1 {
