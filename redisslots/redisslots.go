@@ -545,12 +545,11 @@ func (s *LaneSlots) PrefetchSlots(ctx context.Context) {
 // startAhead reserves the next lease under r in a goroutine of its own;
 // s.mu is held. The reservation's arguments are made here, under the
 // caller's lock, and its answer is read into a lease by adoptAhead, under
-// Reserve's: the goroutine never takes s.mu. When it locked s.mu around its
-// round trip (the code before), Reserve could wait for that lock while a
-// departure's slot went by: a waiter parked on a mutex wakes late on a VM
-// whose idle cores wake slowly (TestRedisLastSlotNotStale: 3–15 of 100
-// slots stale under -race). The call is not cancelled with ctx (its own
-// timeout bounds it), so that a lease Redis granted is not lost on the way.
+// Reserve's: the goroutine never takes s.mu, so a departure's Reserve never
+// waits for it to lock before or after its round trip (a goroutine parked
+// on a mutex wakes late on a VM whose idle cores wake slowly). The call is
+// not cancelled with ctx (its own timeout bounds it), so that a lease
+// Redis granted is not lost on the way.
 func (s *LaneSlots) startAhead(ctx context.Context, r drain.SlotRequest) {
 	s.aheadWant = false
 	done := make(chan struct{})
