@@ -66,7 +66,7 @@ func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 	// The file alone: unknown keys and mappings where values belong (and the
 	// reverse) are found here, before defaults and overrides are merged in.
 	fileSettings := v.AllSettings()
-	checkShape(p, "", fileSettings, reflect.TypeFor[Config]())
+	checkShape(p, "", withEmptyKeys(fileSettings, raw), reflect.TypeFor[Config]())
 
 	keys := setDefaults(v, laneNames(p, v), fileSettings)
 	origin, envWarns, err := bindEnv(v, keys, path, haveFile)
@@ -360,3 +360,72 @@ func (l Lane) EffectiveMaxAckPending() int {
 // such a file is an error (a truncate-then-write caught in between, C31),
 // never a configuration of defaults.
 func Empty(raw []byte) bool { return len(bytes.TrimSpace(raw)) == 0 }
+
+// withEmptyKeys returns a copy of settings with the keys of the file raw
+// whose value is an empty mapping ({}) or null added back: viper's
+// AllSettings leaves them out, so a misspelt section with nothing in it
+// ("sinc: {}", "retyr:") passed the unknown-key check unseen. Keys are
+// lower-cased and split at dots, as viper does.
+func withEmptyKeys(settings map[string]any, raw []byte) map[string]any {
+	out := cloneSettings(settings)
+	var root yaml.Node
+	if len(raw) == 0 || yaml.Unmarshal(raw, &root) != nil {
+		return out
+	}
+	var walk func(n *yaml.Node, path []string)
+	walk = func(n *yaml.Node, path []string) {
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				walk(c, path)
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				kp := append(slices.Clone(path), strings.Split(strings.ToLower(n.Content[i].Value), ".")...)
+				val := n.Content[i+1]
+				switch {
+				case val.Kind == yaml.MappingNode && len(val.Content) == 0:
+					setMissing(out, kp, map[string]any{})
+				case val.Kind == yaml.ScalarNode && val.Tag == "!!null":
+					setMissing(out, kp, nil)
+				default:
+					walk(val, kp)
+				}
+			}
+		}
+	}
+	walk(&root, nil)
+	return out
+}
+
+// setMissing sets path in m to v unless it, or a value on the way to it
+// that is not a mapping, is there already.
+func setMissing(m map[string]any, path []string, v any) {
+	for _, k := range path[:len(path)-1] {
+		next, ok := m[k]
+		if !ok {
+			child := map[string]any{}
+			m[k] = child
+			m = child
+			continue
+		}
+		if m, ok = next.(map[string]any); !ok {
+			return
+		}
+	}
+	if _, ok := m[path[len(path)-1]]; !ok {
+		m[path[len(path)-1]] = v
+	}
+}
+
+// cloneSettings copies the mappings of settings (the values are shared).
+func cloneSettings(settings map[string]any) map[string]any {
+	out := make(map[string]any, len(settings))
+	for k, v := range settings {
+		if m, ok := v.(map[string]any); ok {
+			v = cloneSettings(m)
+		}
+		out[k] = v
+	}
+	return out
+}

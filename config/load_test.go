@@ -277,6 +277,16 @@ func TestLoad_Broken(t *testing.T) {
 			key: lanePfx + "task.retry.backof", want: []string{"unknown key"}},
 		{name: "unknown lane section", text: laneYAML("", "sourc: {stream: S}"),
 			key: lanePfx + "sourc", want: []string{"unknown key"}},
+		// Misspelt keys with nothing in them: viper's AllSettings leaves
+		// empty mappings and nulls out (withEmptyKeys).
+		{name: "unknown empty section", text: laneYAML("", "sinc: {}"),
+			key: lanePfx + "sinc", want: []string{"unknown key"}},
+		{name: "unknown null key", text: laneYAML("", "task: {retyr: }"),
+			key: lanePfx + "task.retyr", want: []string{"unknown key"}},
+		{name: "unknown empty deep key", text: laneYAML("", "task: {retry: {backof: {}}}"),
+			key: lanePfx + "task.retry.backof", want: []string{"unknown key"}},
+		{name: "unknown empty top-level key", text: laneYAML("admn: {}"),
+			key: "admn", want: []string{"unknown key"}},
 		{name: "unknown top-level key", text: laneYAML("admn: {listen: 127.0.0.1:1}"),
 			key: "admn", want: []string{"unknown key"}},
 		{name: "scalar for section", text: laneYAML("", "sink: log"),
@@ -564,6 +574,16 @@ downstreams:
 		b.Rate.Warmup.ColdFactor != 3 || fmt.Sprint(b.Sink.SuccessStatus) != "[200 204]" ||
 		b.Task.Timeout != 5*time.Second || b.Source.AckWait != time.Minute {
 		t.Errorf("lane b-lane = %+v", b)
+	}
+}
+
+// TestLoad_EmptyKnownSections: a known section left empty or null is the
+// defaults, not an error (withEmptyKeys adds such keys back only for the
+// unknown-key check).
+func TestLoad_EmptyKnownSections(t *testing.T) {
+	c, _ := mustLoad(t, laneYAML("log: {}\nadmin:\n", "bucket: {}", "dead_letter: ", "task: {retry: {}}"))
+	if got := c.Downstreams["payments"].Bucket.Capacity; got != 1000 {
+		t.Errorf("bucket.capacity = %d with an empty bucket section, want the default 1000", got)
 	}
 }
 
