@@ -234,7 +234,17 @@ func purgeCmd(stdout, stderr io.Writer) *cobra.Command {
 }
 
 func deadLettersCmd(stdout, stderr io.Writer) *cobra.Command {
-	root := &cobra.Command{Use: "dead-letters", Short: "List or replay a lane's dead letters"}
+	root := &cobra.Command{Use: "dead-letters", Short: "List or replay a lane's dead letters",
+		// Without this cobra prints the help for an unknown subcommand and
+		// exits 0: a script would take "dead-letters frob" for success.
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return &exitError{code: exitUsage, err: fmt.Errorf("shaper dead-letters: unknown command %q (list or replay)", args[0])}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
 	filterFlags := func(cmd *cobra.Command, limitName string) {
 		cmd.Flags().String("reason", "", "only this reason (e.g. max_deliver)")
 		cmd.Flags().String("since", "", "only dead-lettered since (RFC 3339, or a duration back such as 1h)")
