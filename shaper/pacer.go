@@ -67,6 +67,7 @@ type Pacer struct {
 	last time.Time // actual time of the previous departure; zero = none yet
 
 	pausedUntil time.Time
+	heldEnded   time.Time     // when the last hold ended (Hold)
 	wireDelay   time.Duration // moving estimate of departure → wire
 
 	forgivenLate time.Duration // lateness beyond the make-up, not yet taken (TakeForgiven)
@@ -304,6 +305,9 @@ func (p *Pacer) SetBusy(now time.Time, busy bool) {
 // on every change; it is harmless to call it more often.
 func (p *Pacer) Hold(now time.Time, held bool) {
 	p.advanceWarmth(now)
+	if p.held && !held {
+		p.heldEnded = now
+	}
 	p.held = held
 }
 
@@ -413,6 +417,16 @@ func (p *Pacer) Depart(ready, now time.Time) {
 	}
 	if p.pausedUntil.After(ready) && !p.pausedUntil.After(now) {
 		ready = p.pausedUntil
+	}
+	// Held time is not lateness either (Hold): a departure while held (a
+	// breaker's probe) was ready now, and the first after a hold when it
+	// ended. Else an operator's 5 s pause of a lane with a backlog showed
+	// as 5 s of rate given up (shaper_departure_lateness_forgiven_seconds_total,
+	// found by a new-user pass).
+	if p.held {
+		ready = now
+	} else if p.heldEnded.After(ready) && !p.heldEnded.After(now) {
+		ready = p.heldEnded
 	}
 	iv := p.interval(now)
 	base := p.tat

@@ -62,3 +62,35 @@ func TestPacerHoldThenRamp(t *testing.T) {
 		t.Errorf("first gap after the hold %v, want the cold interval (40 ms)", g)
 	}
 }
+
+// TestPacerHoldIsNotLateness: the time a lane with a backlog is held (an
+// operator's pause, an open breaker) is not lateness given up
+// (TakeForgiven; shaper_departure_lateness_forgiven_seconds_total): not at
+// the first departure after the hold, nor at a departure while held (a
+// breaker's probe). A departure late after the hold ended still counts.
+func TestPacerHoldIsNotLateness(t *testing.T) {
+	p := NewPacer(PacerConfig{Limit: 100}, t0)
+	s := &sim{p: p, now: t0}
+	s.run(10)
+	end := s.now
+	p.TakeForgiven()
+	p.Hold(end, true)
+	release := end.Add(5 * time.Second)
+	p.Hold(release, false)
+	p.Depart(end, release) // ready since before the hold
+	if late, _ := p.TakeForgiven(); late != 0 {
+		t.Errorf("first departure after a 5 s hold: forgiven %v, want 0", late)
+	}
+	// 50 ms late after the hold: 50 ms less the 9 ms MakeUpLag at 100/s.
+	next := p.Next(release)
+	p.Depart(release, next.Add(50*time.Millisecond))
+	if late, _ := p.TakeForgiven(); late != 41*time.Millisecond {
+		t.Errorf("a departure 50 ms late after the hold: forgiven %v, want 41ms", late)
+	}
+	held := next.Add(time.Second)
+	p.Hold(held, true)
+	p.Depart(next, held.Add(3*time.Second)) // a probe while held
+	if late, _ := p.TakeForgiven(); late != 0 {
+		t.Errorf("a departure while held: forgiven %v, want 0", late)
+	}
+}
