@@ -122,9 +122,9 @@ func (l *Lane) departureAt(now time.Time) time.Time {
 
 // depart records m's departure at now (ready: when the loop was ready;
 // scheduled: when it was due) in the pacer, the breaker and the metrics,
-// and starts its task. empty says the bucket is empty after it.
+// and starts its task. empty says the bucket is empty after it. l.mu is
+// held (popDeliverable), and released.
 func (l *Lane) depart(m *shaper.Message, empty bool, ready, now, scheduled time.Time) {
-	l.mu.Lock()
 	prev := l.lastDeparture
 	l.lastDeparture = now
 	l.pacer.Depart(l.quotaReady(ready, now), now)
@@ -216,9 +216,18 @@ func (l *Lane) awaitHead(ctx context.Context) bool {
 // messages at the head that expired (bucket.max_age) first; nil when none
 // is left. What the housekeeping sweep may remove meanwhile is expired at a
 // later instant, so what Pop returns has not expired at now.
+//
+// A message is returned with l.mu held, for depart to record its departure
+// in the pacer before a fetch's projected wait (bucket.max_wait) can see
+// the bucket without it (fetch.go admits under l.mu).
 func (l *Lane) popDeliverable(now time.Time) (*shaper.Message, bool) {
 	l.sweepExpired(now, true)
-	return l.bucket.Pop()
+	l.mu.Lock()
+	m, empty := l.bucket.Pop()
+	if m == nil {
+		l.mu.Unlock()
+	}
+	return m, empty
 }
 
 // sweepExpired dead-letters the messages of the bucket that are older than
