@@ -296,35 +296,43 @@ func joinKey(prefix, name string) string {
 // ("Payments" and "payments"): viper folds keys to lower case, so one would
 // silently replace the other.
 func caseClashes(p *problems, raw []byte) {
+	walkMappings(raw, func(n *yaml.Node, path []string) {
+		seen := map[string]string{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key := n.Content[i].Value
+			low := strings.ToLower(key)
+			if prev, ok := seen[low]; ok && prev != key {
+				p.add(strings.Join(append(slices.Clone(path), low), "."),
+					"keys %q and %q differ only in case; keys are case-insensitive, so one would replace the other", prev, key)
+			}
+			seen[low] = key
+		}
+	})
+}
+
+// walkMappings parses raw as YAML and calls fn with each mapping of it and
+// its key path (keys lower-cased, as viper reads them); nothing when raw
+// does not parse (the reader reports syntax errors).
+func walkMappings(raw []byte, fn func(n *yaml.Node, path []string)) {
 	var root yaml.Node
-	if yaml.Unmarshal(raw, &root) != nil {
-		return // the reader reports syntax errors
+	if len(raw) == 0 || yaml.Unmarshal(raw, &root) != nil {
+		return
 	}
-	var walk func(n *yaml.Node, path string)
-	walk = func(n *yaml.Node, path string) {
+	var walk func(n *yaml.Node, path []string)
+	walk = func(n *yaml.Node, path []string) {
 		switch n.Kind {
 		case yaml.DocumentNode:
 			for _, c := range n.Content {
 				walk(c, path)
 			}
 		case yaml.MappingNode:
-			seen := map[string]string{}
+			fn(n, path)
 			for i := 0; i+1 < len(n.Content); i += 2 {
-				key := n.Content[i].Value
-				low := strings.ToLower(key)
-				kp := low
-				if path != "" {
-					kp = path + "." + low
-				}
-				if prev, ok := seen[low]; ok && prev != key {
-					p.add(kp, "keys %q and %q differ only in case; keys are case-insensitive, so one would replace the other", prev, key)
-				}
-				seen[low] = key
-				walk(n.Content[i+1], kp)
+				walk(n.Content[i+1], append(slices.Clone(path), strings.ToLower(n.Content[i].Value)))
 			}
 		}
 	}
-	walk(&root, "")
+	walk(&root, nil)
 }
 
 // fillDerived sets the defaults that depend on the lane name, both for an
@@ -368,33 +376,17 @@ func Empty(raw []byte) bool { return len(bytes.TrimSpace(raw)) == 0 }
 // lower-cased and split at dots, as viper does.
 func withEmptyKeys(settings map[string]any, raw []byte) map[string]any {
 	out := cloneSettings(settings)
-	var root yaml.Node
-	if len(raw) == 0 || yaml.Unmarshal(raw, &root) != nil {
-		return out
-	}
-	var walk func(n *yaml.Node, path []string)
-	walk = func(n *yaml.Node, path []string) {
-		switch n.Kind {
-		case yaml.DocumentNode:
-			for _, c := range n.Content {
-				walk(c, path)
-			}
-		case yaml.MappingNode:
-			for i := 0; i+1 < len(n.Content); i += 2 {
-				kp := append(slices.Clone(path), strings.Split(strings.ToLower(n.Content[i].Value), ".")...)
-				val := n.Content[i+1]
-				switch {
-				case val.Kind == yaml.MappingNode && len(val.Content) == 0:
-					setMissing(out, kp, map[string]any{})
-				case val.Kind == yaml.ScalarNode && val.Tag == "!!null":
-					setMissing(out, kp, nil)
-				default:
-					walk(val, kp)
-				}
+	walkMappings(raw, func(n *yaml.Node, path []string) {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			kp := strings.Split(strings.Join(append(slices.Clone(path), strings.ToLower(n.Content[i].Value)), "."), ".")
+			switch val := n.Content[i+1]; {
+			case val.Kind == yaml.MappingNode && len(val.Content) == 0:
+				setMissing(out, kp, map[string]any{})
+			case val.Kind == yaml.ScalarNode && val.Tag == "!!null":
+				setMissing(out, kp, nil)
 			}
 		}
-	}
-	walk(&root, nil)
+	})
 	return out
 }
 
