@@ -143,6 +143,7 @@ func WithGlobal(g GlobalSchedule, replicasHint int) Option {
 	return optionFunc(func(l *Lane) {
 		if g != nil {
 			l.global = &globalState{g: g, hint: max(1, replicasHint)}
+			l.global.prefetch, _ = g.(SlotPrefetcher) // once, not per departure
 		}
 	})
 }
@@ -165,8 +166,9 @@ const globalPauseTimeout = time.Second
 // globalState is the departure loop's view of the shared schedule; only
 // that goroutine touches it (Pause reads g alone).
 type globalState struct {
-	g    GlobalSchedule
-	hint int
+	g        GlobalSchedule
+	prefetch SlotPrefetcher // g's, when it reserves ahead; nil otherwise
+	hint     int
 
 	held time.Time // slot reserved and not yet used; zero = none
 	// wireSlot is the slot of the message whose request is not yet on the
@@ -300,10 +302,8 @@ func (l *Lane) setReduced(reduced bool, now time.Time) {
 // prefetchSlots lets the shared schedule reserve ahead after a departure
 // (SlotPrefetcher); nothing in the fallback, whose departures took no slot.
 func (l *Lane) prefetchSlots(ctx context.Context) {
-	if g := l.global; g != nil && !g.fallback {
-		if p, ok := g.g.(SlotPrefetcher); ok {
-			p.PrefetchSlots(ctx)
-		}
+	if g := l.global; g != nil && g.prefetch != nil && !g.fallback {
+		g.prefetch.PrefetchSlots(ctx)
 	}
 }
 

@@ -521,9 +521,9 @@ func (s *LaneSlots) handOut(ctx context.Context, r drain.SlotRequest) time.Time 
 // holds at most two leases (4 ms of the schedule): slots it leaves unused
 // at a pause or a stop are lost, never given back as a burst.
 func (s *LaneSlots) maybeAhead(ctx context.Context, r drain.SlotRequest) {
-	// The clock is synced once a lease was reserved (reserve): the
-	// reservation ahead needs no samples of its own.
-	if s.lease.n > 1 && s.ahead == nil && s.sync.set && s.lease.n-s.lease.next <= s.lease.n/2 {
+	// A lease exists only once reserve synced the clock: the reservation
+	// ahead needs no samples of its own.
+	if s.lease.n > 1 && s.ahead == nil && s.lease.n-s.lease.next <= s.lease.n/2 {
 		s.aheadWant, s.aheadReq = true, r
 		if s.lease.next >= s.lease.n {
 			s.startAhead(ctx, r)
@@ -614,10 +614,8 @@ func isTimeout(err error) bool {
 // (prepareReserve) and the script's answer (runAll), which finishReserve
 // reads into a lease.
 type reserveCall struct {
-	r     drain.SlotRequest
-	args  []string
-	k     int  // the slots asked for
-	quota bool // under a shared quota
+	r    drain.SlotRequest
+	args []string
 	// The answer: its two leading numbers, the whole of it, the local
 	// instants around the round trip, and the call's error.
 	reply  [2]float64
@@ -659,7 +657,7 @@ func (s *LaneSlots) prepareReserve(r drain.SlotRequest) reserveCall {
 		// The make-up of a late request (shaper.SlotMakeUp), not on top of
 		// the slack: an idle schedule grants 1 + slack.
 		us(shaper.SlotMakeUp(interval, r.MinSpacing))}
-	quota := r.QuotaCount > 0 && r.QuotaPer > 0
+	quota := hasQuota(r)
 	if quota {
 		args = append(args, strconv.Itoa(r.QuotaCount), us(r.QuotaPer), us(quotaGap(r)))
 	} else {
@@ -682,8 +680,11 @@ func (s *LaneSlots) prepareReserve(r drain.SlotRequest) reserveCall {
 		strconv.FormatFloat(owedComp, 'f', 3, 64),
 		// Repaid no faster than the lane's own pacer can follow.
 		us(shaper.SlotRepayMax(interval, max(0, r.Slack), r.MinSpacing)))
-	return reserveCall{r: r, args: args, k: k, quota: quota}
+	return reserveCall{r: r, args: args}
 }
+
+// hasQuota reports whether r asks within a shared quota.
+func hasQuota(r drain.SlotRequest) bool { return r.QuotaCount > 0 && r.QuotaPer > 0 }
 
 // finishReserve reads the answer of call into a lease, or the error; s.mu
 // is held.
@@ -691,7 +692,8 @@ func (s *LaneSlots) finishReserve(call reserveCall) (lease, error) {
 	if call.err != nil {
 		return lease{}, call.err
 	}
-	interval, k, quota, res := call.r.Interval, call.k, call.quota, call.res
+	interval, res := call.r.Interval, call.res
+	k, quota := leaseSize(interval), hasQuota(call.r)
 	start, now := call.reply[0], call.reply[1]
 	s.sync.observe(call.t0, call.t1, now)
 	spacing, comp, repay := interval, 0.0, 0.0
@@ -758,7 +760,7 @@ func (s *LaneSlots) Release(ctx context.Context, slot time.Time, r drain.SlotReq
 	set := s.sync.set
 	server := s.sync.serverMicros(slot)
 	s.mu.Unlock()
-	if r.QuotaCount <= 0 || r.QuotaPer <= 0 || !set {
+	if !hasQuota(r) || !set {
 		return nil
 	}
 	tol := float64(r.Interval) / float64(time.Microsecond) / 2
