@@ -310,10 +310,14 @@ func TestRedisRepayKeepsMinSpacing(t *testing.T) {
 			ls.lease.next = ls.lease.n
 			ls.mu.Unlock()
 		}
-		// Leases back to back: the schedule runs ahead of now, so it keeps
-		// what it is owed (a schedule behind now forgets it).
+		// Leases back to back until the schedule runs 200 ms ahead of now,
+		// so that it keeps what it is owed (a schedule behind now forgets
+		// it) through any stall of this test on two busy cores.
 		var held time.Time
-		for range 5 {
+		for i := 0; time.Until(held) < 200*time.Millisecond; i++ {
+			if i == 5000 {
+				t.Fatalf("the schedule is %v ahead of now after %d leases", time.Until(held), i)
+			}
 			useUp()
 			var err error
 			if held, err = ls.Reserve(ctx, req); err != nil {

@@ -535,7 +535,9 @@ func (h *spentLog) Handle(_ context.Context, r slog.Record) error {
 		line := r.Time.Format("05.000") + " " + r.Message
 		r.Attrs(func(a slog.Attr) bool {
 			if a.Key == "until" {
-				line += " until " + a.Value.String()[17:23]
+				if u, err := time.Parse(time.RFC3339Nano, a.Value.String()); err == nil {
+					line += " until " + u.Format("05.000")
+				}
 			}
 			return true
 		})
