@@ -74,18 +74,22 @@ func attemptOf(err error, timedOut bool) shaper.Attempt {
 // (Lane.breakerDeparts makes the next departure the probe), or, held, until
 // ResetBreaker. waited reports whether it waited (the loop then re-reads
 // its clock, so the wait earns no credit beyond the slack, SPEC G2); ok is
-// false when ctx ended.
-func (l *Lane) awaitBreaker(ctx context.Context) (waited, ok bool) {
+// false when ctx ended. now is the loop's clock, read after its last wait
+// (one clock read fewer per departure: issue 15).
+func (l *Lane) awaitBreaker(ctx context.Context, now time.Time) (waited, ok bool) {
 	for {
+		if waited {
+			now = time.Now()
+		}
 		l.mu.Lock()
-		wait, until := l.brk.b.Gate(time.Now())
+		wait, until := l.brk.b.Gate(now)
 		l.mu.Unlock()
 		if !wait {
 			return waited, true
 		}
 		waited = true
 		if until.IsZero() { // held, or a probe in flight: until a change wakes the loop
-			until = time.Now().Add(time.Hour)
+			until = now.Add(time.Hour)
 		}
 		// Through the waiter, never by reading l.wake here: the precise
 		// waiter's watcher goroutine takes the tokens of l.wake and keeps

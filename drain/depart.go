@@ -72,7 +72,7 @@ func (l *Lane) awaitDepartureTime(ctx context.Context) (ready, now, scheduled ti
 	l.takeover(now) // source.standby (standby.go)
 	for {
 		// While the breaker is open only its probe leaves (breaker.go).
-		if waited, ok := l.awaitBreaker(ctx); !ok {
+		if waited, ok := l.awaitBreaker(ctx, now); !ok {
 			return ready, now, scheduled, false
 		} else if waited {
 			ready = time.Now()

@@ -33,8 +33,11 @@ func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 	if l.skipDelivered(m) { // sink.dedup_window (dedup.go)
 		return time.Now()
 	}
-	start := time.Now() // one clock read for the deadline and the task's duration
-	ctx, cancel := context.WithDeadline(context.Background(), start.Add(l.conf().Task.Timeout))
+	// One clock read for the deadline and the task's duration; the deadline's
+	// context.WithDeadline is made only when a sink looks (taskctx.go).
+	start := time.Now()
+	tctx := newTaskContext(start.Add(l.conf().Task.Timeout))
+	var ctx context.Context = tctx
 	if l.reportsWire { // only a WireReporter calls it (a closure and a context value per task otherwise)
 		ctx = shaper.WithWire(ctx, func(t time.Time) { l.wired(m, t) })
 	}
@@ -43,7 +46,7 @@ func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 	end = time.Now()
 	took := end.Sub(start)
 	timedOut := err != nil && (errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil)
-	cancel()
+	tctx.end()
 	switch {
 	case err == nil:
 		l.m.TaskDuration[shaper.OutcomeSuccess].Observe(took.Seconds())

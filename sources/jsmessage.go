@@ -3,6 +3,7 @@ package sources
 import (
 	"bytes"
 	"context"
+	"math"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -115,9 +116,15 @@ func intern(last *string, s string, clone bool) string {
 // request), sharing strings with the earlier messages of the fetch through
 // sh. It fails when the reply subject carries no JetStream metadata.
 func newMessage(msg jetstream.Msg, nc *nats.Conn, sh *shared, received time.Time) (*shaper.Message, error) {
-	md, err := msg.Metadata()
-	if err != nil {
-		return nil, err
+	reply := msg.Reply()
+	a, ok := parseAck(reply)
+	if !ok { // another form: nats.go reads them all
+		md, err := msg.Metadata()
+		if err != nil {
+			return nil, err
+		}
+		a = ackFields{stream: md.Stream, n: ackNumbers{md.NumDelivered, md.Sequence.Stream, md.Sequence.Consumer, uint64(md.Timestamp.UnixNano()), md.NumPending}}
+		a.prefix, a.rebuilt = ackPrefix(reply, a.n)
 	}
 	h := msg.Headers()
 	data := msg.Data()
@@ -128,31 +135,105 @@ func newMessage(msg jetstream.Msg, nc *nats.Conn, sh *shared, received time.Time
 		Message: shaper.Message{
 			Subject:      intern(&sh.subject, msg.Subject(), false), // nats.go's own string
 			Data:         data,
-			Stream:       intern(&sh.stream, md.Stream, true),
-			StreamSeq:    md.Sequence.Stream,
-			NumDelivered: md.NumDelivered,
-			Published:    md.Timestamp,
+			Stream:       intern(&sh.stream, a.stream, true),
+			StreamSeq:    a.n[ackSeqStream],
+			NumDelivered: a.n[ackDelivered],
+			Published:    time.Unix(0, int64(a.n[ackTime])),
 			Received:     received,
 		},
 	}
 	jm.PackHeader(h)
 	jm.Acker = jm
 	var st uint64
-	jm.route, st = sh.routeFor(nc, msg.Reply(), md.Sequence.Consumer, md.NumPending, jm.numbers(md.Sequence.Consumer, md.NumPending))
+	jm.route, st = sh.routeFor(nc, reply, a.prefix, a.rebuilt, a.n[ackSeqConsumer], a.n[ackPending])
 	jm.state.Store(st)
 	return &jm.Message, nil
 }
 
+// ackFields is what a message keeps of its ack subject's metadata (SPEC §3
+// Retries reads the delivery count, Max age the timestamp).
+type ackFields struct {
+	stream string
+	n      ackNumbers
+	// prefix is the subject without its tail of numbers (ackPrefix), and
+	// rebuilt whether prefix + appendTail(n) is the subject again.
+	prefix  string
+	rebuilt bool
+}
+
+// parseAck reads an ack subject of the two forms a message's ack route
+// rebuilds (jsMessage.reply),
+//
+//	$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>
+//	$JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>
+//
+// with its numbers written as appendTail writes them (decimal, no leading
+// zero), in one pass and no allocation. Any other subject, such as the v2
+// form with its last random token, reports false, and newMessage asks
+// nats.go (jetstream.Msg.Metadata, which reads every form). Issue 15: nats.go's
+// Metadata is an allocation and nine cuts of the subject, and ackPrefix built
+// the tail again to compare it: 3–4 % of the CPU at full speed
+// (docs/performance.md, throughput).
+func parseAck(reply string) (a ackFields, ok bool) {
+	const head = "$JS.ACK."
+	if !strings.HasPrefix(reply, head) {
+		return a, false
+	}
+	end := len(reply)
+	for i := len(a.n) - 1; i >= 0; i-- {
+		dot := strings.LastIndexByte(reply[:end], '.')
+		if dot < len(head) {
+			return a, false
+		}
+		x, good := decimal(reply[dot+1 : end])
+		if !good {
+			return a, false
+		}
+		a.n[i], end = x, dot
+	}
+	names := reply[len(head):end] // <stream>.<consumer>, or with <domain>.<account hash>. before them
+	switch strings.Count(names, ".") {
+	case 1:
+	case 3:
+		_, names, _ = strings.Cut(names, ".")
+		_, names, _ = strings.Cut(names, ".")
+	default:
+		return a, false
+	}
+	stream, consumer, _ := strings.Cut(names, ".")
+	if stream == "" || consumer == "" {
+		return a, false
+	}
+	a.stream, a.prefix, a.rebuilt = stream, reply[:end], true
+	return a, true
+}
+
+// decimal parses s as appendTail writes a number: digits, no leading zero
+// but for 0 itself, no overflow.
+func decimal(s string) (uint64, bool) {
+	if s == "" || len(s) > 1 && s[0] == '0' {
+		return 0, false
+	}
+	var x uint64
+	for i := 0; i < len(s); i++ {
+		d := uint64(s[i] - '0')
+		if d > 9 || x > (math.MaxUint64-d)/10 {
+			return 0, false
+		}
+		x = x*10 + d
+	}
+	return x, true
+}
+
 // routeFor returns the route of a message with ack subject reply and its
-// packed state: the fetch's shared route when reply is its prefix and the
-// message's numbers n (whose consumer sequence and pending count are cseq
-// and pending) and those two fit the state word; else a route of the whole
-// subject, and state 0.
-func (sh *shared) routeFor(nc *nats.Conn, reply string, cseq, pending uint64, n ackNumbers) (*ackRoute, uint64) {
+// packed state: the fetch's shared route when reply is its prefix and its
+// numbers (rebuilt: see ackFields), whose consumer sequence and pending
+// count are cseq and pending, and those two fit the state word; else a
+// route of the whole subject, and state 0.
+func (sh *shared) routeFor(nc *nats.Conn, reply, p string, rebuilt bool, cseq, pending uint64) (*ackRoute, uint64) {
 	st, fits := ackState(cseq, pending)
-	p, ok := ackPrefix(reply, n)
 	switch {
-	case !fits || !ok:
+	case !fits || !rebuilt:
 		return &ackRoute{nc: nc, subject: reply, whole: true}, 0
 	case sh.route == nil || sh.route.nc != nc || sh.route.subject != p:
 		sh.route = &ackRoute{nc: nc, subject: strings.Clone(p)}
@@ -163,6 +244,15 @@ func (sh *shared) routeFor(nc *nats.Conn, reply string, cseq, pending uint64, n 
 // ackNumbers are the last five tokens of an ack subject: delivery count,
 // stream sequence, consumer sequence, timestamp (ns), pending.
 type ackNumbers [5]uint64
+
+// The indexes of ackNumbers.
+const (
+	ackDelivered = iota
+	ackSeqStream
+	ackSeqConsumer
+	ackTime
+	ackPending
+)
 
 func (jm *jsMessage) numbers(cseq, pending uint64) ackNumbers {
 	return ackNumbers{jm.NumDelivered, jm.StreamSeq, cseq, uint64(jm.Published.UnixNano()), pending}

@@ -97,6 +97,16 @@ func TestJSMessageCompact(t *testing.T) {
 				if m.Stream != "COMPACT" || m.StreamSeq == 0 || m.NumDelivered != 1 || m.Published.IsZero() {
 					t.Errorf("metadata %q %d %d %v", m.Stream, m.StreamSeq, m.NumDelivered, m.Published)
 				}
+				// Read in one pass (parseAck) as nats.go reads it.
+				md, err := msg.Metadata()
+				if err != nil {
+					t.Fatal(err)
+				}
+				cseq, pending := ackNumbersOf(jm.state.Load())
+				if m.Stream != md.Stream || m.StreamSeq != md.Sequence.Stream || m.NumDelivered != md.NumDelivered ||
+					!m.Published.Equal(md.Timestamp) || cseq != md.Sequence.Consumer || pending != md.NumPending {
+					t.Errorf("metadata %q %d %d %v %d %d, nats.go's %+v", m.Stream, m.StreamSeq, m.NumDelivered, m.Published, cseq, pending, md)
+				}
 				got = append(got, m)
 			}
 			if len(got) != 5 {
@@ -168,6 +178,50 @@ func TestAckPrefix(t *testing.T) {
 	}
 }
 
+// TestParseAck: the two forms an ack route rebuilds are read in one pass
+// as nats.go reads them, with the prefix ackPrefix cuts; every other
+// subject is left to nats.go (jetstream.Msg.Metadata). The reference is the
+// form's definition, token by token (nats.go internal/parser, v1.55).
+func TestParseAck(t *testing.T) {
+	n := ackNumbers{2, 17, 5, 1764600000000000001, 9}
+	for _, tc := range []struct {
+		reply, stream, prefix string
+		ok                    bool
+	}{
+		{"$JS.ACK.S.c.2.17.5.1764600000000000001.9", "S", "$JS.ACK.S.c", true},
+		{"$JS.ACK._.hash.ORDERS.c.2.17.5.1764600000000000001.9", "ORDERS", "$JS.ACK._.hash.ORDERS.c", true},
+		{"$JS.ACK.dom.hash.S.c.2.17.5.1764600000000000001.9.rnd", "", "", false}, // the v2 form's last token
+		{"$JS.ACK.dom.hash.S.c.2.17.5.1764600000000000001.9.123", "", "", false}, // a last token of digits
+		{"$JS.ACK.S.c.2.17.5.1764600000000000001.09", "", "", false},             // a number written otherwise
+		{"$JS.ACK.S.c.2.17.5.1764600000000000001.", "", "", false},               // an empty number
+		{"$JS.ACK.S.c.2.17.5.18446744073709551616.9", "", "", false},             // above uint64
+		{"$JS.ACK.S.c.2.17.5.1x.9", "", "", false},                               // not a number
+		{"$JS.ACK.x.S.c.2.17.5.1764600000000000001.9", "", "", false},            // 10 tokens: neither form
+		{"$JS.ACK.S.2.17.5.1764600000000000001.9", "", "", false},                // 8 tokens
+		{"$JS.ACK..c.2.17.5.1764600000000000001.9", "", "", false},               // no stream
+		{"_INBOX.x.S.c.2.17.5.1764600000000000001.9", "", "", false},             // not an ack subject
+		{"", "", "", false},
+	} {
+		a, ok := parseAck(tc.reply)
+		if ok != tc.ok {
+			t.Errorf("parseAck(%q) ok = %v, want %v", tc.reply, ok, tc.ok)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		if a.stream != tc.stream || a.prefix != tc.prefix || !a.rebuilt || a.n != n {
+			t.Errorf("parseAck(%q) = %+v; want stream %q, prefix %q, numbers %v", tc.reply, a, tc.stream, tc.prefix, n)
+		}
+		if p, ok := ackPrefix(tc.reply, a.n); !ok || p != a.prefix {
+			t.Errorf("parseAck(%q): prefix %q, ackPrefix's %q", tc.reply, a.prefix, p)
+		}
+	}
+	if a := testing.AllocsPerRun(100, func() { _, _ = parseAck("$JS.ACK.STREAM.consumer.2.123456.123450.1764600000000000001.4321") }); a != 0 {
+		t.Errorf("parseAck: %v allocations, want 0", a)
+	}
+}
+
 // TestAckSubjectAllocations (issue 15, the throughput row): cutting the
 // ack subject at admission allocates nothing, and rebuilding it for the ack
 // allocates only the subject.
@@ -235,8 +289,12 @@ func TestRouteFor(t *testing.T) {
 	subj := func(cseq, pending uint64) string {
 		return "$JS.ACK.S.c" + string(appendTail(nil, num(cseq, pending)))
 	}
-	r1, st1 := sh.routeFor(nil, subj(5, 3), 5, 3, num(5, 3))
-	r2, _ := sh.routeFor(nil, subj(6, 2), 6, 2, num(6, 2))
+	route := func(reply string, cseq, pending uint64) (*ackRoute, uint64) {
+		p, ok := ackPrefix(reply, num(cseq, pending))
+		return sh.routeFor(nil, reply, p, ok, cseq, pending)
+	}
+	r1, st1 := route(subj(5, 3), 5, 3)
+	r2, _ := route(subj(6, 2), 6, 2)
 	if r1.whole || r1 != r2 || r1.subject != "$JS.ACK.S.c" {
 		t.Errorf("routes %+v and %+v, want one shared prefix route", r1, r2)
 	}
@@ -251,7 +309,7 @@ func TestRouteFor(t *testing.T) {
 		{subj(1<<40, 3), 1 << 40, 3}, // the sequence does not fit
 		{subj(5, 1<<23), 5, 1 << 23}, // the pending count does not fit
 	} {
-		r, st := sh.routeFor(nil, tc.reply, tc.cseq, tc.pending, num(tc.cseq, tc.pending))
+		r, st := route(tc.reply, tc.cseq, tc.pending)
 		if !r.whole || r.subject != tc.reply || r == r1 || st != 0 {
 			t.Errorf("%q: route %+v, state %d; want its whole subject", tc.reply, r, st)
 		}
