@@ -69,6 +69,8 @@ type Pacer struct {
 	pausedUntil time.Time
 	heldEnded   time.Time     // when the last hold ended (Hold)
 	wireDelay   time.Duration // moving estimate of departure → wire
+	wireFast    time.Duration // the fast end of departure → wire (Wire)
+	wires       int           // wire reports seen, up to 2
 
 	forgivenLate time.Duration // lateness beyond the make-up, not yet taken (TakeForgiven)
 	forgivenWire time.Duration // schedule moved by late wire reports, not yet taken
@@ -454,6 +456,15 @@ func (p *Pacer) Depart(ready, now time.Time) {
 // extra over a moving estimate of that delay moves the anchor of the spacing
 // floor: a request that reached the wire late pushes the next departure back
 // by its lateness, and Wire reports true (the next departure's time moved).
+//
+// The make-up's lag is judged at the wire against the fast end of the delay
+// instead (wireFast: the quickest requests, not the usual one). A request
+// that reached the wire later than a fast one would have is late by that
+// much, and the requests after it may come fast: judged against the usual
+// delay, a request at the lag's end and, 51 intervals later, a fast one put
+// 52 requests in a 10 ms window at the downstream at 5,000/s (the bench's
+// section 11: the delay fell from 60–120 µs to 35–45 µs within that window,
+// more than the tenth of an interval the lag leaves for jitter).
 func (p *Pacer) Wire(departed, wired time.Time) bool {
 	d := max(wired.Sub(departed), 0)
 	// The estimate starts at 0, not at the first sample: the first request
@@ -464,21 +475,40 @@ func (p *Pacer) Wire(departed, wired time.Time) bool {
 	// does not inflate it.
 	usual := p.wireDelay
 	p.wireDelay = usual + (min(d, 2*usual+time.Microsecond)-usual)/8
-	anchor := wired.Add(-min(usual, d))
-	if !anchor.After(p.last) {
-		return false
+	// The fast end is 0 (judge by the whole delay: strict) until the second
+	// request, whose delay it takes (the first pays the dial); then it falls
+	// to any quicker sample at once and rises by 1/65536 of the difference
+	// (clamped like the average's samples): about the quickest delay seen,
+	// so that a slow spell does not raise it (at 1/64, and at 1/1024 over
+	// spells of 500 requests, it rose to the slow spell's own quick end, and
+	// the windows broke as before: TestPacerWindowsHoldWhenTheWireGetsFaster).
+	// Too low only judges requests stricter, never looser.
+	fast := p.wireFast
+	switch {
+	case p.wires < 2:
+		if p.wires++; p.wires == 2 {
+			p.wireFast = d
+		}
+	case d < fast:
+		p.wireFast = d
+	default:
+		p.wireFast = fast + (min(d, 2*fast+time.Microsecond)-fast)/65536
 	}
-	p.last = anchor
+	moved := false
+	if anchor := wired.Add(-min(usual, d)); anchor.After(p.last) {
+		p.last, moved = anchor, true
+	}
 	// The lag made up after this request counts from when it really left:
 	// a request that reached the wire late is a late departure, and the
 	// make-up may not add to its lateness (else a window at the downstream
 	// that starts on it holds one more).
 	iv := p.interval(wired)
-	if least := anchor.Add(iv - MakeUpLag(iv, p.slack, p.minSpacing)); p.tat.Before(least) {
+	left := wired.Add(-min(fast, d))
+	if least := left.Add(iv - MakeUpLag(iv, p.slack, p.minSpacing)); p.tat.Before(least) {
 		p.forgivenWire += least.Sub(p.tat)
-		p.tat = least
+		p.tat, moved = least, true
 	}
-	return true
+	return moved
 }
 
 // TakeForgiven returns the time the schedule has given up since the last
