@@ -464,6 +464,42 @@ func TestPacerWireAnchor(t *testing.T) {
 	}
 }
 
+// TestPacerWireFloorUpToSpacingMaxRate: a request that reached the wire
+// later than usual (but within the make-up) pushes the next departure back
+// by its excess up to 1,000/s, where G1 asks for min_spacing between
+// consecutive requests at the downstream; above, where it asks for windows
+// of 1 ms or more, the next departure keeps its time (the lag rule keeps
+// the windows at the wire: TestPacerWindowsHoldWhenTheWireGetsFaster).
+func TestPacerWireFloorUpToSpacingMaxRate(t *testing.T) {
+	for _, tc := range []struct {
+		limit  Limit
+		pushed bool
+	}{{1000, true}, {5000, false}} {
+		iv := tc.limit.Interval()
+		usual := iv / 4
+		p := NewPacer(PacerConfig{Limit: tc.limit}, t0)
+		at := t0
+		for range 200 { // learn the usual delay
+			at = p.Next(at)
+			p.Depart(at, at)
+			p.Wire(at, at.Add(usual))
+		}
+		at = p.Next(at)
+		p.Depart(at, at)
+		slow := at.Add(usual + iv/20 + iv/10) // 15 % of an interval slower than usual
+		p.Wire(at, slow)
+		next := p.Next(slow)
+		floor := at.Add(time.Duration(DefaultMinSpacing * float64(iv)))
+		if tc.pushed {
+			if want := slow.Add(-usual).Add(time.Duration(DefaultMinSpacing * float64(iv))); next.Sub(want).Abs() > iv/100 {
+				t.Errorf("%v: next departure %v after the slow one, want %v (pushed by its excess)", tc.limit, next.Sub(at), want.Sub(at))
+			}
+		} else if next.After(at.Add(iv)) || next.Before(floor) {
+			t.Errorf("%v: next departure %v after the slow one, want within [%v, %v] (not pushed)", tc.limit, next.Sub(at), floor.Sub(at), iv)
+		}
+	}
+}
+
 // TestPacerWireFirstRequestDial: the first request pays a dial of several
 // milliseconds; that must push the second one back, not teach the pacer that
 // such a delay is usual.
