@@ -61,6 +61,9 @@ const (
 // httpWindows are the windows section 11 reports at the downstream.
 var httpWindows = []time.Duration{time.Second, 100 * time.Millisecond, 10 * time.Millisecond}
 
+// marginWindows are the window lengths whose margin section 11 reports.
+var marginWindows = []time.Duration{10 * time.Millisecond, time.Millisecond}
+
 // httpRow is one contender of section 11.
 type httpRow struct {
 	name, what  string
@@ -69,6 +72,10 @@ type httpRow struct {
 	errPct      float64
 	win         []int         // most requests in a closed window of each httpWindows length
 	maxGap      time.Duration // longest time between two consecutive requests
+	// margin is, for each marginWindows length W, how far the closest
+	// W × limit + 2 requests were spread beyond W (the span of one more
+	// than G1's bound, less W): positive when every such window held G1.
+	margin []time.Duration
 	cpuPerReq   time.Duration
 	allocs      float64         // heap allocations per request, sending process
 	wire, start []time.Duration // quantiles (httpQuantiles) of departure → wire report, → Send
@@ -190,6 +197,17 @@ func (r *httpRow) fillRate(at []time.Time) {
 		if i > 0 {
 			r.maxGap = max(r.maxGap, off[i]-off[i-1])
 		}
+	}
+	for _, w := range marginWindows {
+		k := int(w.Seconds()*httpRate) + 1 // bound + 1 requests span k gaps
+		if len(off) <= k {
+			continue
+		}
+		least := off[k] - off[0]
+		for i := 1; i+k < len(off); i++ {
+			least = min(least, off[i+k]-off[i])
+		}
+		r.margin = append(r.margin, least-w)
 	}
 	for _, w := range httpWindows {
 		if off[len(off)-1] < w {
@@ -328,11 +346,12 @@ func delayQuantiles(xs []time.Duration) []time.Duration {
 }
 
 // meanExcess returns the mean of xs and the mean of its excess over that
-// mean, max(x − mean, 0): with the spacing floor anchored at each request's
-// wire report less the usual delay (shaper.Pacer.Wire), every request later
-// than usual pushes the next departure back by its excess, so the excess is
-// (up to the make-up of (1 − min_spacing) per departure) the lane's lost
-// time per request.
+// mean, max(x − mean, 0): up to 1,000/s, with the spacing floor anchored at
+// each request's wire report less the usual delay (shaper.Pacer.Wire),
+// every request later than usual pushes the next departure back by its
+// excess, so the excess is (up to the make-up of (1 − min_spacing) per
+// departure) the lane's lost time per request; above, where the floor
+// stays at the departures, it is what the lane no longer pays.
 func meanExcess(xs []time.Duration) (mean, excess time.Duration) {
 	if len(xs) == 0 {
 		return 0, 0
@@ -773,7 +792,7 @@ func (r *Results) httpMarkdown() string {
 	if lane, ok := r.httpOf("shaper lane, HTTP sink"); ok && len(lane.wire) == len(httpQuantiles) {
 		w("The lane's requests from departure to the task's Send call and to the sink's wire report (the\n")
 		w("connection's Write returned), in µs: the lane holds the next departure until the report, and a report\n")
-		w("later than the usual delay pushes the next departure back (shaper.Pacer.Wire, SPEC G1 at the wire); the\n")
+		w("later than the make-up allows moves the schedule (shaper.Pacer.Wire, SPEC G1 at the wire); the\n")
 		w("last row is from one request's wire report to the next departure (negative: it left before the report).\n\n")
 		qt := table{head: []string{"departure →", "p50", "p90", "p99", "p99.9"}}
 		for _, d := range []struct {
@@ -787,12 +806,19 @@ func (r *Results) httpMarkdown() string {
 			qt.add(row...)
 		}
 		w("%s\n", qt.String())
+		if len(lane.margin) == len(marginWindows) {
+			w("How close the downstream came to G1's bound (its kernel stamps): the closest %d requests spanned %s µs\n",
+				int(marginWindows[0].Seconds()*httpRate)+2, fmtUs(marginWindows[0]+lane.margin[0]))
+			w("(%s µs beyond 10 ms), the closest %d %s µs (%s µs beyond 1 ms); negative: a window broke G1.\n\n",
+				fmtUs(lane.margin[0]), int(marginWindows[1].Seconds()*httpRate)+2, fmtUs(marginWindows[1]+lane.margin[1]), fmtUs(lane.margin[1]))
+		}
 		if lane.achieved > 0 {
 			lost := time.Duration(float64(time.Second)/lane.achieved - float64(time.Second)/httpRate)
 			w("Departure → wire: mean %s µs; the mean excess over it, max(delay − mean, 0), is %s µs per request,\n", fmtUs(lane.wireMean), fmtUs(lane.wireExcess))
-			w("against %s µs of time lost per request (1/achieved − 1/limit): the floor of the next departure is\n", fmtUs(lost))
-			w("anchored at each wire report less the usual delay, so a request later than usual pushes the next one\n")
-			w("back by its excess, and at most (1 − min_spacing) of an interval (%s µs) is made up per departure.\n\n",
+			w("against %s µs of time lost per request (1/achieved − 1/limit). Above 1,000/s the floor of the next\n", fmtUs(lost))
+			w("departure stays at the departures; a request whose wire report, less the quickest delay seen, is later\n")
+			w("than the make-up's lag (0.9 of an interval) moves the schedule, and at most (1 − min_spacing) of an\n")
+			w("interval (%s µs) is made up per departure.\n\n",
 				fmtUs(time.Duration((1-shaper.DefaultMinSpacing)*float64(time.Second)/httpRate)))
 			w("The lane's own account (shaper_departure_lateness_forgiven_seconds_total): its schedule gave up\n")
 			w("%.1f ms to departures later than the make-up can recover (%.0f requests) and %.1f ms to late wire\n",
