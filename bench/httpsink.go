@@ -66,16 +66,16 @@ var marginWindows = []time.Duration{10 * time.Millisecond, time.Millisecond}
 
 // httpRow is one contender of section 11.
 type httpRow struct {
-	name, what  string
-	n           int     // requests the downstream received
-	achieved    float64 // (n − 1) / (last − first stamp), per second
-	errPct      float64
-	win         []int         // most requests in a closed window of each httpWindows length
-	maxGap      time.Duration // longest time between two consecutive requests
+	name, what string
+	n          int     // requests the downstream received
+	achieved   float64 // (n − 1) / (last − first stamp), per second
+	errPct     float64
+	win        []int         // most requests in a closed window of each httpWindows length
+	maxGap     time.Duration // longest time between two consecutive requests
 	// margin is, for each marginWindows length W, how far the closest
 	// W × limit + 2 requests were spread beyond W (the span of one more
 	// than G1's bound, less W): positive when every such window held G1.
-	margin []time.Duration
+	margin      []time.Duration
 	cpuPerReq   time.Duration
 	allocs      float64         // heap allocations per request, sending process
 	wire, start []time.Duration // quantiles (httpQuantiles) of departure → wire report, → Send
