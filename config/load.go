@@ -65,10 +65,11 @@ func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 
 	// The file alone: unknown keys and mappings where values belong (and the
 	// reverse) are found here, before defaults and overrides are merged in.
-	fileSettings := v.AllSettings()
+	names, phantoms := laneNames(p, v)
+	fileSettings := withoutLanes(v.AllSettings(), phantoms)
 	checkShape(p, "", withEmptyKeys(fileSettings, raw), reflect.TypeFor[Config]())
 
-	keys := setDefaults(v, laneNames(p, v), fileSettings)
+	keys := setDefaults(v, names, fileSettings)
 	origin, envWarns, err := bindEnv(v, keys, path, haveFile)
 	warns = append(warns, envWarns...)
 	if err != nil {
@@ -80,7 +81,7 @@ func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 		return nil, warns, err
 	}
 
-	c := decodeSettings(p, v.AllSettings())
+	c := decodeSettings(p, withoutLanes(v.AllSettings(), phantoms))
 	expandSecrets(p, c)
 	fillDerived(c)
 	warns = append(warns, validate(c, p)...)
@@ -222,21 +223,42 @@ func EnvName(key string) string {
 // laneNames returns the sorted names of the lanes in the file. It reads the
 // raw file so that a lane with no keys at all ("payments:") is found too. A
 // name with a dot cannot be told apart from a nested key by viper: it is
-// reported and skipped.
-func laneNames(p *problems, v *viper.Viper) []string {
+// reported and skipped, and the lane viper would make of the part before
+// its first dot ("pay" of "pay.v2", with a key "v2") is returned in
+// phantoms, unless the file names that lane too, so that it is not
+// reported as well (a new-user pass found twenty problems of a lane "pay"
+// under the one of "pay.v2").
+func laneNames(p *problems, v *viper.Viper) (names []string, phantoms map[string]bool) {
 	m, ok := v.Get("downstreams").(map[string]any)
 	if !ok {
-		return nil
+		return nil, nil
 	}
-	var names []string
 	for _, name := range slices.Sorted(maps.Keys(m)) {
-		if strings.Contains(name, ".") {
+		if head, _, dotted := strings.Cut(name, "."); dotted {
 			p.fail("downstreams."+name, fmt.Sprintf("lane name must match %s, got %q", laneNamePattern, name))
+			if phantoms == nil {
+				phantoms = map[string]bool{}
+			}
+			phantoms[strings.ToLower(head)] = true
 			continue
 		}
 		names = append(names, name)
 	}
-	return names
+	for _, name := range names {
+		delete(phantoms, strings.ToLower(name))
+	}
+	return names, phantoms
+}
+
+// withoutLanes returns settings without the lanes named in drop (laneNames'
+// phantoms). It changes settings' downstreams map in place.
+func withoutLanes(settings map[string]any, drop map[string]bool) map[string]any {
+	if ds, ok := settings["downstreams"].(map[string]any); ok {
+		for name := range drop {
+			delete(ds, name)
+		}
+	}
+	return settings
 }
 
 // headerNames returns the header names the file gives for lane's sink.

@@ -865,6 +865,17 @@ func TestLoad_Warnings(t *testing.T) {
 		requireProblem(t, err, lanePfx+"bucket.overflow", "drop")
 		requireWarning(t, warns, lanePfx+"source.ack_wait", "1m45s")
 	})
+	t.Run("G7 not from a value reported wrong", func(t *testing.T) {
+		// cold_factor 0.5 is a problem: a warning on the worst-case wait
+		// would quote the value already reported, or a default in its place.
+		_, warns, err := config.Load(writeConfig(t, laneYAML("", "rate: {limit: 10/s, warmup: {period: 10s, cold_factor: 0.5}}")), nil)
+		requireProblem(t, err, lanePfx+"rate.warmup.cold_factor", "0.5")
+		for _, w := range warns {
+			if w.Key == lanePfx+"source.ack_wait" {
+				t.Errorf("warning %v, from a rate already reported wrong", w)
+			}
+		}
+	})
 }
 
 func requireWarning(t *testing.T, warns []config.Warning, key string, want ...string) {
@@ -983,5 +994,41 @@ func TestLoad_EmptyFileIsAnError(t *testing.T) {
 		if !strings.Contains(err.Error(), "is empty") {
 			t.Errorf("Load(%q): %v, want an error saying the file is empty", text, err)
 		}
+	}
+}
+
+// TestLoad_DottedLaneName: a lane name with a dot is one problem, named by
+// its key; viper's lane of the part before the dot ("pay", with a key "v2")
+// is not reported too (a new-user pass found twenty problems of that
+// phantom lane under the real one). A lane the file does name "pay" is
+// still checked.
+func TestLoad_DottedLaneName(t *testing.T) {
+	err := loadErr(t, `
+downstreams:
+  pay.v2:
+    source: {stream: C, subjects: [c.>]}
+    rate: {limit: 10/s}
+    sink: {kind: log}
+`)
+	if err == nil {
+		t.Fatal("a dotted lane name loaded")
+	}
+	want := `downstreams.pay.v2: lane name must match [a-z0-9_-]+, got "pay.v2"`
+	if lines := strings.Split(strings.TrimSpace(err.Error()), "\n"); len(lines) != 1 || lines[0] != want {
+		t.Errorf("error:\n%v\nwant the one line %q", err, want)
+	}
+
+	err = loadErr(t, `
+downstreams:
+  pay.v2:
+    source: {stream: C, subjects: [c.>]}
+    rate: {limit: 10/s}
+    sink: {kind: log}
+  pay:
+    source: {stream: D, subjects: [d.>]}
+    sink: {kind: log}
+`)
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "downstreams.pay.rate.limit: required") {
+		t.Errorf("error:\n%v\nwant %q and the real lane pay's missing rate.limit", err, want)
 	}
 }

@@ -119,6 +119,20 @@ func (p *problems) skip(keys ...string) bool {
 	return false
 }
 
+// listed reports whether a problem was recorded for one of keys or for a
+// key under one (a rule's or a load's): a warning derived from those values
+// would quote a default or a value already reported as wrong.
+func (p *problems) listed(keys ...string) bool {
+	for _, key := range keys {
+		for _, fe := range p.list {
+			if fe.Key == key || strings.HasPrefix(fe.Key, key+".") || strings.HasPrefix(fe.Key, key+"[") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // attribute sets From on the problems whose key (or list key, for
 // "key[i]") is in origin: key path → environment variable or flag.
 func (p *problems) attribute(origin map[string]string) {

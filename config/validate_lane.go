@@ -253,7 +253,11 @@ func (v *validator) ackWaitWarning(name string, l Lane) {
 	rate := float64(l.Rate.Limit)
 	if l.Source.AckWait <= 0 || l.Bucket.Capacity < 1 || l.Task.Timeout <= 0 ||
 		!(rate > 0) || math.IsInf(rate, 0) ||
-		v.p.skip(k("source.ack_wait"), k("bucket.capacity"), k("task.timeout"), k("rate.limit")) {
+		v.p.skip(k("source.ack_wait"), k("bucket.capacity"), k("task.timeout"), k("rate.limit")) ||
+		v.p.listed(k("source.ack_wait"), k("bucket.capacity"), k("task.timeout"), k("rate")) {
+		// A problem in any of its inputs (rate covers the warmup and the
+		// adaptive rate) leaves a default or a wrong value in its place:
+		// the warning would quote it (a new-user pass).
 		return
 	}
 	rateText := fmt.Sprintf("limit %s", formatRate(rate))

@@ -317,6 +317,23 @@ downstreams:
 			}
 		})
 	}
+	t.Run("problems before warnings", func(t *testing.T) {
+		// An invalid file with a warning too: the header and the problems
+		// come first, the warnings after them under their own heading (a
+		// new-user pass read a warning printed above the header as the
+		// reason). Capacity 1000 at 1/s is the G7 warning.
+		store := filepath.Join(t.TempDir(), "nats")
+		path := writeFile(t, "config.yaml", fmt.Sprintf(base, freeAddr(t), store, "1000", "limit: 1/s", "5s")+"    sink_typo: 1\n")
+		var out, errb bytes.Buffer
+		if code := run([]string{"validate", "-c", path}, &out, &errb); code != exitUsage {
+			t.Fatalf("exit code %d, want 2; stderr:\n%s", code, errb.String())
+		}
+		text := errb.String()
+		head, warn, probl := strings.Index(text, "invalid configuration:"), strings.Index(text, "warnings:"), strings.Index(text, "sink_typo")
+		if head != 0 || probl < head || warn < probl || !strings.Contains(text[warn:], "source.ack_wait") {
+			t.Errorf("stderr:\n%s\nwant the header first, then the problems, then \"warnings:\" and the G7 warning", text)
+		}
+	})
 	t.Run("valid", func(t *testing.T) {
 		store := filepath.Join(t.TempDir(), "nats")
 		path := writeFile(t, "config.yaml", fmt.Sprintf(base, freeAddr(t), store, "1000", "limit: 100/s", "5s"))

@@ -71,13 +71,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 func load(cmd *cobra.Command, stderr io.Writer) (*config.Config, []config.Warning, error) {
 	path, _ := cmd.Flags().GetString("config")
 	cfg, warns, err := config.Load(path, cmd.Flags())
-	if err != nil || cmd.Name() != "run" { // run logs them with its own logger
+	if err != nil {
+		// The problems first, under their header, then the warnings: the
+		// problems are what stops the command (a new-user pass read the
+		// warnings printed above the header as the reason).
+		var b strings.Builder
+		for _, w := range warns {
+			b.WriteString("\n" + w.String())
+		}
+		if b.Len() > 0 {
+			return nil, warns, &exitError{code: exitUsage, err: fmt.Errorf("invalid configuration:\n%w\nwarnings:%s", err, b.String())}
+		}
+		return nil, warns, &exitError{code: exitUsage, err: fmt.Errorf("invalid configuration:\n%w", err)}
+	}
+	if cmd.Name() != "run" { // run logs them with its own logger
 		for _, w := range warns {
 			fmt.Fprintln(stderr, w.String())
 		}
-	}
-	if err != nil {
-		return nil, warns, &exitError{code: exitUsage, err: fmt.Errorf("invalid configuration:\n%w", err)}
 	}
 	return cfg, warns, nil
 }
