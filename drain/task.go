@@ -46,7 +46,7 @@ func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 	end = time.Now()
 	took := end.Sub(start)
 	timedOut := err != nil && (errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil)
-	tctx.end()
+	tctx.end(end)
 	switch {
 	case err == nil:
 		l.m.TaskDuration[shaper.OutcomeSuccess].Observe(took.Seconds())

@@ -30,6 +30,7 @@ type taskContext struct {
 	real   context.Context // nil until Done; then WithDeadline's
 	cancel context.CancelFunc
 	ended  bool // end was called: a context made after it is ended at once
+	early  bool // end was called before the deadline (Err: Canceled)
 }
 
 // newTaskContext returns the context of a task due to end by deadline.
@@ -44,19 +45,20 @@ func (c *taskContext) Deadline() (deadline time.Time, ok bool) { return c.deadli
 // the task ends.
 func (c *taskContext) Done() <-chan struct{} { return c.made().Done() }
 
-// Err is context.DeadlineExceeded once the deadline has passed,
-// context.Canceled once the task ended, else nil (context.Context).
+// Err is context.Canceled once the task ended before its deadline,
+// context.DeadlineExceeded once the deadline passed, else nil
+// (context.Context).
 func (c *taskContext) Err() error {
 	c.mu.Lock()
-	real, ended := c.real, c.ended
+	real, ended, early := c.real, c.ended, c.early
 	c.mu.Unlock()
 	switch {
 	case real != nil:
 		return real.Err()
-	case !time.Now().Before(c.deadline):
-		return context.DeadlineExceeded
-	case ended:
+	case ended && early:
 		return context.Canceled
+	case ended || !time.Now().Before(c.deadline):
+		return context.DeadlineExceeded
 	}
 	return nil
 }
@@ -87,10 +89,11 @@ func (c *taskContext) made() context.Context {
 	return c.real
 }
 
-// end cancels the context when its task ended (WithDeadline's cancel).
-func (c *taskContext) end() {
+// end cancels the context when its task ended at now (WithDeadline's
+// cancel: Err is Canceled if that was before the deadline).
+func (c *taskContext) end(now time.Time) {
 	c.mu.Lock()
-	c.ended = true
+	c.ended, c.early = true, now.Before(c.deadline)
 	cancel := c.cancel
 	c.mu.Unlock()
 	if cancel != nil {

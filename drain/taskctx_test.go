@@ -33,13 +33,13 @@ func TestTaskContextWithoutDone(t *testing.T) {
 		default:
 			t.Fatal("Done() after the deadline is not closed")
 		}
-		c.end()
+		c.end(time.Now())
 		if err := c.Err(); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Err() after end = %v, want DeadlineExceeded still", err)
 		}
 
 		e := newTaskContext(time.Now().Add(time.Second))
-		e.end()
+		e.end(time.Now())
 		if err := e.Err(); !errors.Is(err, context.Canceled) {
 			t.Fatalf("Err() of an ended task = %v, want Canceled", err)
 		}
@@ -87,7 +87,7 @@ func TestTaskContextDerived(t *testing.T) {
 		d := newTaskContext(time.Now().Add(time.Hour))
 		child2, cancel2 := context.WithCancel(d)
 		defer cancel2()
-		d.end() // the task ended: what it started is cancelled
+		d.end(time.Now()) // the task ended: what it started is cancelled
 		select {
 		case <-child2.Done():
 		default:
@@ -116,16 +116,18 @@ func BenchmarkTaskContext(b *testing.B) {
 	b.Run("taskContext", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			c := newTaskContext(time.Now().Add(time.Minute))
-			c.end()
+			now := time.Now()
+			c := newTaskContext(now.Add(time.Minute))
+			c.end(now)
 		}
 	})
 	b.Run("taskContext+Done", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			c := newTaskContext(time.Now().Add(time.Minute))
+			now := time.Now()
+			c := newTaskContext(now.Add(time.Minute))
 			_ = c.Done()
-			c.end()
+			c.end(now)
 		}
 	})
 }
