@@ -25,6 +25,8 @@ require (
 	golang.org/x/time v0.16.0
 )
 
+require github.com/gofrs/flock v0.13.2 // indirect
+
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/benbjohnson/clock v1.3.0 // indirect

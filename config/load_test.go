@@ -1032,3 +1032,21 @@ downstreams:
 		t.Errorf("error:\n%v\nwant %q and the real lane pay's missing rate.limit", err, want)
 	}
 }
+
+// TestLoad_NATSURLPort: a port outside 1..65535 in nats.url is a problem
+// named by its key (it passed validate and failed only at the dial, a
+// new-user pass); the password is not shown.
+func TestLoad_NATSURLPort(t *testing.T) {
+	err := loadErr(t, `
+nats: {url: "nats://u:Pw5ecret@host:99999"}
+downstreams:
+  pay:
+    source: {stream: C, subjects: [c.>]}
+    rate: {limit: 10/s}
+    sink: {kind: log}
+`)
+	if err == nil || !strings.Contains(err.Error(), "nats.url:") || !strings.Contains(err.Error(), "port must be 1..65535") ||
+		strings.Contains(err.Error(), "Pw5ecret") {
+		t.Errorf("error %v, want nats.url's port named, without the password", err)
+	}
+}

@@ -293,6 +293,12 @@ func (v *validator) natsURL(key, value string) {
 			v.check(false, key, "%s has no host", v.show(key, value))
 			return
 		}
+		if p := u.Port(); p != "" {
+			if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+				v.check(false, key, "%s: port must be 1..65535", v.show(key, value))
+				return
+			}
+		}
 	}
 }
 

@@ -240,6 +240,9 @@ func (v *validator) httpSink(name string, s Sink) {
 			v.check(false, k(p.Key), "%s", p.Message)
 		}
 	}
+	if m := s.Method; m != "" && !sinks.StandardMethod(m) && !v.p.skip(k("method")) && !v.p.listed(k("method")) {
+		v.warn(k("method"), "%q is not a standard HTTP method (GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS): it is sent as written", m)
+	}
 	v.check(len(s.SuccessStatus) > 0, k("success_status"), "at least one status is required (e.g. 2xx)")
 	v.sinkAuthTLS(name, s) // sink_auth.go
 }
@@ -270,15 +273,20 @@ func (v *validator) ackWaitWarning(name string, l Lane) {
 		rate /= cf
 		rateText = fmt.Sprintf("cold rate %s (%s / cold_factor %v, warmup on)", formatRate(rate), lowest, cf)
 	}
-	wait := time.Duration(float64(l.Bucket.Capacity) / rate * float64(time.Second))
-	worst := (wait + l.Task.Timeout).Round(time.Millisecond)
-	if l.Source.AckWait >= worst {
+	// In seconds: capacity / rate can be beyond a Duration (290 years), and
+	// the overflow hid the warning (3,000,000 at 1/h, a new-user pass).
+	worst := float64(l.Bucket.Capacity)/rate + l.Task.Timeout.Seconds()
+	if l.Source.AckWait.Seconds() >= worst {
 		return
+	}
+	worstText := fmt.Sprintf("%.3g h", worst/3600)
+	if worst < float64(math.MaxInt64/int64(time.Second)) {
+		worstText = time.Duration(worst * float64(time.Second)).Round(time.Millisecond).String()
 	}
 	v.warn(k("source.ack_wait"),
 		"%s is shorter than the worst-case wait %s (capacity %d / %s + task.timeout %s): "+
 			"held messages rely on in-progress acks to avoid redelivery (SPEC G7)",
-		l.Source.AckWait, worst, l.Bucket.Capacity, rateText, l.Task.Timeout)
+		l.Source.AckWait, worstText, l.Bucket.Capacity, rateText, l.Task.Timeout)
 }
 
 func formatRate(perSecond float64) string {

@@ -3,6 +3,7 @@ package sinks
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -412,12 +414,12 @@ func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
 			report(info)
 		}
 	}
-	return s.classify(what, resp)
+	return s.classify(what, resp, req)
 }
 
 // classify turns a response into Send's result. It drains and closes the
 // body so the connection goes back to the keep-alive pool.
-func (s *HTTP) classify(what string, resp *http.Response) error {
+func (s *HTTP) classify(what string, resp *http.Response, req *http.Request) error {
 	code := resp.StatusCode
 	if s.success.has(code) {
 		_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
@@ -447,10 +449,60 @@ func (s *HTTP) classify(what string, resp *http.Response) error {
 	}
 	msg := what + ": " + http.StatusText(code)
 	if len(snippet) > 0 {
-		msg += fmt.Sprintf(": response body %q", snippet)
+		msg += fmt.Sprintf(": response body %q", redactEcho(snippet, req))
 	}
 	e.Err = errors.New(msg)
 	return e
+}
+
+// redactEcho returns body with every value the request carried that may be
+// a secret replaced by [redacted]: its header values (the sink's headers
+// come from ${ENV}, sink.auth's token, the URL's basic credentials; a
+// Bearer or Basic value also without its scheme) and its URL's password and
+// query values. Values under 4 bytes are left. A downstream that echoed a
+// bad API key in its 401 body showed the key in the dead letters, the admin
+// API and `shaper lanes` (a new-user pass; the README: expanded values never
+// appear in errors).
+func redactEcho(body []byte, req *http.Request) []byte {
+	if req == nil {
+		return body
+	}
+	var vals []string
+	for name, vs := range req.Header {
+		switch name {
+		case IdempotencyKeyHeader, SubjectHeader, DeliveryHeader: // the job's own, not secrets
+			continue
+		}
+		for _, v := range vs {
+			vals = append(vals, v)
+			scheme, rest, ok := strings.Cut(v, " ")
+			if ok {
+				vals = append(vals, rest)
+			}
+			if strings.EqualFold(scheme, "Basic") { // user:password
+				if b, err := base64.StdEncoding.DecodeString(rest); err == nil {
+					if _, pw, ok := strings.Cut(string(b), ":"); ok {
+						vals = append(vals, pw)
+					}
+				}
+			}
+		}
+	}
+	if u := req.URL; u != nil {
+		if p, ok := u.User.Password(); ok {
+			vals = append(vals, p)
+		}
+		for _, vs := range u.Query() {
+			vals = append(vals, vs...)
+		}
+	}
+	slices.SortFunc(vals, func(a, b string) int { return len(b) - len(a) }) // the longest first
+	for _, v := range vals {
+		if len(v) >= 4 {
+			body = bytes.ReplaceAll(body, []byte(v), []byte("[redacted]"))
+		}
+	}
+	return body
 }
 
 // forwardNATSHeaders copies the job's NATS headers into h as X-Nats-<Name>,

@@ -83,8 +83,7 @@ func (s *HTTP) configure(cfg HTTPConfig) []error {
 	if s.method == "" {
 		s.method = DefaultMethod
 	}
-	for _, std := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
-		http.MethodPatch, http.MethodDelete, http.MethodOptions} {
+	for _, std := range standardMethods {
 		if strings.EqualFold(s.method, std) {
 			s.method = std
 		}
@@ -172,6 +171,24 @@ func checkConfiguredHeader(name, value string) error {
 		return errors.New("reserved: framing is managed by the HTTP client")
 	}
 	return nil
+}
+
+// standardMethods are the request methods the sink sends upper-cased
+// whatever the case written (RFC 9110 §9.3, PATCH of RFC 5789); any other
+// token is sent as written.
+var standardMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
+	http.MethodPatch, http.MethodDelete, http.MethodOptions}
+
+// StandardMethod reports whether m is one of the standard methods, in any
+// case. The config warns about any other (a "GETT" passed validate and
+// every request was answered 501, a new-user pass).
+func StandardMethod(m string) bool {
+	for _, std := range standardMethods {
+		if strings.EqualFold(m, std) {
+			return true
+		}
+	}
+	return false
 }
 
 // isToken reports whether s is an RFC 9110 token (header names, methods).

@@ -234,6 +234,34 @@ func TestHTTPNetworkErrorHidesURL(t *testing.T) {
 	}
 }
 
+// TestHTTPEchoedSecretRedacted: a downstream that echoes the request's
+// credentials in its error body (an API key header, the URL's basic
+// password, a token in the query) does not bring them into Send's error,
+// which reaches the dead letters, the admin API and `shaper lanes` (a
+// new-user pass found the key in all three).
+func TestHTTPEchoedSecretRedacted(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user, pw, _ := r.BasicAuth()
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprintf(w, "bad key %s for %s:%s token %s", r.Header.Get("X-Api-Key"), user, pw, r.URL.Query().Get("token"))
+	}))
+	defer srv.Close()
+	u := strings.Replace(srv.URL, "http://", "http://svc:Pa55word9@", 1) + "/hook?token=Tok3nInQuery"
+	s := newHTTP(t, sinks.HTTPConfig{URL: u, Headers: map[string]string{"X-Api-Key": "TopSecretToken789"}})
+	err := send(t, s, testMessage())
+	if err == nil {
+		t.Fatal("a 401 was a success")
+	}
+	for _, secret := range []string{"TopSecretToken789", "Pa55word9", "Tok3nInQuery"} {
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("error %q shows %q", err, secret)
+		}
+	}
+	if !strings.Contains(err.Error(), "bad key [redacted]") {
+		t.Errorf("error %q: want the body's excerpt with the key redacted", err)
+	}
+}
+
 func TestHTTPRequest(t *testing.T) {
 	type seen struct {
 		method, host, path string

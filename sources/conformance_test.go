@@ -17,7 +17,8 @@ func TestJetStreamConformance(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		src, err := NewJetStream(ctx, js, JetStreamConfig{Stream: "CONFORM", Subjects: []string{"conform.>"},
-			Durable: "shaper-conform", AckWait: ackWait, MaxAckPending: 100}, nil)
+			Durable: "shaper-conform", AckWait: ackWait, MaxAckPending: 100,
+			RedeliverHeld: true}, nil) // the contract's ack-wait timing sees every redelivery (held.go)
 		if err != nil {
 			t.Fatal(err)
 		}

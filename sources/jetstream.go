@@ -42,6 +42,11 @@ type JetStreamConfig struct {
 	// Standby makes the consumer a pinned-client priority group
 	// (source.standby, standby.go).
 	Standby bool
+	// RedeliverHeld hands out a redelivery of a message whose earlier copy
+	// has had no final verb yet. Off (the daemon's), Fetch leaves such a
+	// copy out (held.go); on, a test sees the server's redeliveries as
+	// they come (sourcetest's ack-wait timing).
+	RedeliverHeld bool
 }
 
 // JetStream is a lane's source: a durable pull consumer with explicit acks
@@ -57,6 +62,7 @@ type JetStream struct {
 	cons   atomic.Pointer[jetstream.Consumer]
 	bound  atomic.Bool
 	active atomic.Bool // standby: this replica holds the pin (standby.go)
+	held   heldSeqs    // handed to the lane, no final verb yet (held.go)
 }
 
 // NewJetStream ensures the stream and the consumer exist and returns the
@@ -333,7 +339,8 @@ func (s *JetStream) fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 		return s.fail(ctx, err)
 	}
 	nc := s.js.Conn()
-	var sh shared // strings shared by the messages of this pull (jsmessage.go)
+	sh := shared{held: &s.held} // shared by the messages of this pull (jsmessage.go)
+	var again []uint64          // redeliveries of messages the lane holds (held.go)
 	for msg := range batch.Messages() {
 		s.notePin(msg.Headers().Get("Nats-Pin-Id"), nil)
 		m, err := newMessage(msg, nc, &sh, time.Now())
@@ -342,8 +349,15 @@ func (s *JetStream) fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 			// lane as invalid, which dead-letters it with the reason.
 			m = &shaper.Message{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data(),
 				Received: time.Now(), Acker: acker{msg}, Invalid: "no JetStream metadata: " + err.Error()}
+		} else if !s.held.add(m.StreamSeq) && !s.cfg.RedeliverHeld {
+			again = append(again, m.StreamSeq)
+			continue
 		}
 		deliver(m)
+	}
+	if len(again) > 0 {
+		s.log.Info("redelivered messages the lane still holds were not admitted twice: their ack wait passed where no in-progress ack reached the server (an outage?); the held copies settle them",
+			"messages", len(again), "first_stream_seq", again[0])
 	}
 	if err := batch.Error(); err != nil && !endedByBytes(err) { // fetchbytes.go
 		s.notePin("", err)
@@ -422,6 +436,17 @@ func Connect(url string, log *slog.Logger, opts ...nats.Option) (*nats.Conn, err
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
 			log.Info("nats reconnected", "url", c.ConnectedUrlRedacted())
+		}),
+		// Asynchronous errors (a slow consumer, "consumer not active" of a
+		// watch during an outage) through the daemon's logger: without a
+		// handler nats.go prints them raw on stderr, which broke the JSON
+		// log of a new-user pass.
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if sub != nil {
+				log.Warn("nats asynchronous error", "subject", sub.Subject, "err", err)
+				return
+			}
+			log.Warn("nats asynchronous error", "err", err)
 		}),
 	}
 	nc, err := nats.Connect(url, append(base, opts...)...)

@@ -66,6 +66,7 @@ type ackRoute struct {
 	nc      *nats.Conn
 	subject string
 	whole   bool
+	held    *heldSeqs // the source's; nil outside Fetch (held.go)
 }
 
 // The bits of jsMessage.state: the consumer sequence in the top 40 (up to
@@ -96,6 +97,7 @@ func ackNumbersOf(state uint64) (cseq, pending uint64) {
 type shared struct {
 	subject, stream string
 	route           *ackRoute
+	held            *heldSeqs // the source's (held.go)
 }
 
 // intern returns s, or the equal string *last when there is one, else a
@@ -234,9 +236,9 @@ func (sh *shared) routeFor(nc *nats.Conn, reply, p string, rebuilt bool, cseq, p
 	st, fits := ackState(cseq, pending)
 	switch {
 	case !fits || !rebuilt:
-		return &ackRoute{nc: nc, subject: reply, whole: true}, 0
+		return &ackRoute{nc: nc, subject: reply, whole: true, held: sh.held}, 0
 	case sh.route == nil || sh.route.nc != nc || sh.route.subject != p:
-		sh.route = &ackRoute{nc: nc, subject: strings.Clone(p)}
+		sh.route = &ackRoute{nc: nc, subject: strings.Clone(p), held: sh.held}
 	}
 	return sh.route, st
 }
@@ -346,6 +348,10 @@ func (jm *jsMessage) final(body []byte) error {
 	if st&ackDone != 0 || !jm.state.CompareAndSwap(st, st|ackDone) {
 		return jetstream.ErrMsgAlreadyAckd
 	}
+	// Sent or not, the lane holds the message no more after its final verb
+	// (it does not retry a failed one): the server's redelivery of it must
+	// be admitted again, else it would be refused for good (held.go).
+	jm.route.held.settled(jm.StreamSeq)
 	if err := jm.route.nc.Publish(jm.reply(), body); err != nil {
 		jm.state.And(^uint64(ackDone)) // not sent: the verb may be tried again
 		return err

@@ -134,6 +134,14 @@ func newLogger(w io.Writer, level, format string) *slog.Logger {
 	_ = lv.UnmarshalText([]byte(level))
 	opts := &slog.HandlerOptions{Level: lv}
 	if strings.EqualFold(format, "json") {
+		// Durations as the text log and the config write them ("500ms"),
+		// not as nanoseconds ("retry_in":500000000, a new-user pass).
+		opts.ReplaceAttr = func(_ []string, a slog.Attr) slog.Attr {
+			if a.Value.Kind() == slog.KindDuration {
+				a.Value = slog.StringValue(a.Value.Duration().String())
+			}
+			return a
+		}
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))

@@ -31,9 +31,20 @@ func (d *Daemon) Reload(ctx context.Context, cfg *config.Config) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	old := d.cfg
-	if !reflect.DeepEqual(old.NATS, cfg.NATS) || old.Admin != cfg.Admin || old.Log != cfg.Log ||
-		old.Shutdown != cfg.Shutdown || !reflect.DeepEqual(old.Redis, cfg.Redis) {
-		d.log.Warn("reload: changes outside downstreams need a restart; they were not applied")
+	var restart []string // the sections that changed (a new-user pass: which?)
+	for _, c := range []struct {
+		name    string
+		changed bool
+	}{
+		{"nats", !reflect.DeepEqual(old.NATS, cfg.NATS)}, {"admin", old.Admin != cfg.Admin}, {"log", old.Log != cfg.Log},
+		{"shutdown", old.Shutdown != cfg.Shutdown}, {"redis", !reflect.DeepEqual(old.Redis, cfg.Redis)},
+	} {
+		if c.changed {
+			restart = append(restart, c.name)
+		}
+	}
+	if len(restart) > 0 {
+		d.log.Warn("reload: changes outside downstreams need a restart; they were not applied", "sections", restart)
 	}
 	drainTimeout := old.Shutdown.DrainTimeout
 	d.failed = map[string]string{} // retried below with the new configuration

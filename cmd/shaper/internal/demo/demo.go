@@ -103,17 +103,33 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) (bool, error)
 	if err != nil {
 		return false, err
 	}
-	fmt.Fprintf(stdout, "shaper demo: %d messages at once, then %d/s for %s, shaped to %g/s into a rigid downstream (429 if a request comes < %v after the previous one)\n\n",
-		o.Burst, o.TrickleRate, o.TrickleFor, o.Limit, down.minGap.Round(time.Microsecond))
+	trickle := fmt.Sprintf(", then %d/s for %s", o.TrickleRate, o.TrickleFor)
+	if o.TrickleRate <= 0 || o.TrickleFor <= 0 {
+		trickle = ""
+	}
+	fmt.Fprintf(stdout, "shaper demo: %d messages at once%s, shaped to %g/s into a rigid downstream (429 if a request comes < %v after the previous one)\n\n",
+		o.Burst, trickle, o.Limit, down.minGap.Round(time.Microsecond))
 	pub := &publisher{js: js}
 	start := time.Now()
-	go pub.run(ctx, o, start)
-	printTable(stdout, o, start, pub, down, d.Metrics().Lane(demoLane, o.Limit).BucketDepth)
-
+	pubCtx, stopPub := context.WithCancel(ctx)
+	defer stopPub()
+	go pub.run(pubCtx, o, start)
+	if printTable(stdout, o, start, pub, down, d.Metrics().Lane(demoLane, o.Limit).BucketDepth) {
+		// --timeout: give up now. A drain whose time is already up hands
+		// what the lane holds back to the stream at once; it kept departing
+		// for the drain timeout before, and the summary then counted
+		// deliveries made after the timeout (a new-user pass).
+		stopPub()
+		up, cancel := context.WithCancel(context.Background())
+		cancel()
+		sum := d.Drain(up)
+		drained = true
+		return summarize(stdout, o, pub, down, nil, sum, true), nil
+	}
 	info := settle(ctx, js, cfg.Downstreams[demoLane].Source.Consumer)
 	sum := d.Drain(context.Background())
 	drained = true
-	return summarize(stdout, o, pub, down, info, sum), nil
+	return summarize(stdout, o, pub, down, info, sum, false), nil
 }
 
 // writeConfig writes the demo's lane config into dir and loads it.

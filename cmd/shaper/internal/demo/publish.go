@@ -72,6 +72,9 @@ func (p *publisher) run(ctx context.Context, o Options, start time.Time) {
 		n := int(float64(o.TrickleRate) * o.TrickleFor.Seconds())
 		for i := range n {
 			time.Sleep(time.Until(start.Add(time.Duration(i) * every)))
+			if ctx.Err() != nil { // --timeout, or the demo was stopped
+				return
+			}
 			now := time.Now()
 			_, err := p.js.PublishMsg(ctx, demoMsg(o.Burst+i, now))
 			p.note(now, err)

@@ -76,8 +76,9 @@ func judge(o Options, published []time.Time, down *rigid) result {
 }
 
 // summarize prints the summary and the verdict, and reports whether the
-// demo passed.
-func summarize(w io.Writer, o Options, pub *publisher, down *rigid, info *jetstream.ConsumerInfo, sum drain.Summary) bool {
+// demo passed. timedOut: --timeout passed first (info is nil then: the
+// lane's messages were handed back, not settled).
+func summarize(w io.Writer, o Options, pub *publisher, down *rigid, info *jetstream.ConsumerInfo, sum drain.Summary, timedOut bool) bool {
 	published, pubErr := pub.snapshot()
 	down.mu.Lock()
 	defer down.mu.Unlock()
@@ -91,15 +92,20 @@ func summarize(w io.Writer, o Options, pub *publisher, down *rigid, info *jetstr
 	if info != nil {
 		fmt.Fprintf(w, "         consumer: %d pending, %d unacknowledged, %d redelivered; drain: %d delivered, %d handed back\n",
 			info.NumPending, info.NumAckPending, info.NumRedelivered, sum.Delivered, sum.Nacked)
+	} else if timedOut {
+		fmt.Fprintf(w, "         drain at the timeout: %d handed back to the stream\n", sum.Nacked)
 	}
 	// SPEC G1: the full rate under a backlog (within 0.5 %), judged only
 	// over a busy span long enough to mean it (≥ 2 s).
 	short := res.busyDur >= 2*time.Second && res.busyRate() < demoMinRateShare*o.Limit
-	pending := info == nil || info.NumAckPending != 0 || info.NumPending != 0
+	pending := !timedOut && (info == nil || info.NumAckPending != 0 || info.NumPending != 0)
 	if pubErr != nil {
 		fmt.Fprintf(w, "publish error: %v\n", pubErr)
 	}
 	var why []string
+	if timedOut {
+		why = append(why, fmt.Sprintf("timed out after %s with %d of %d delivered", o.Timeout, len(down.accepted), o.total()))
+	}
 	if res.missing > 0 {
 		why = append(why, fmt.Sprintf("%d not delivered before --timeout (handed back to the stream, not lost; raise --timeout)", res.missing))
 	}

@@ -12,8 +12,8 @@ import (
 
 // printTable prints one row per second (arrived, departed, bucket depth,
 // 429s, p99 queue wait) until every message was delivered once or
-// o.Timeout passed.
-func printTable(w io.Writer, o Options, start time.Time, pub *publisher, down *rigid, depth prometheus.Gauge) {
+// o.Timeout passed; timedOut reports the latter.
+func printTable(w io.Writer, o Options, start time.Time, pub *publisher, down *rigid, depth prometheus.Gauge) (timedOut bool) {
 	gauge := func(g prometheus.Gauge) float64 {
 		var m dto.Metric
 		_ = g.Write(&m)
@@ -29,11 +29,11 @@ func printTable(w io.Writer, o Options, start time.Time, pub *publisher, down *r
 		departed, rejected, waits, unique := down.second(from, to)
 		fmt.Fprintf(w, "%6d %8d %9d %7.0f %6d %14s\n", sec, arrived, departed, gauge(depth), rejected, p99(waits))
 		if unique >= o.total() && len(published) >= o.total() {
-			return
+			return false
 		}
 		if time.Now().After(deadline) {
-			fmt.Fprintf(w, "timed out after %s\n", o.Timeout)
-			return
+			fmt.Fprintf(w, "timed out after %s: what the lane still holds goes back to the stream\n", o.Timeout)
+			return true
 		}
 	}
 }
