@@ -25,7 +25,7 @@ require (
 	golang.org/x/time v0.16.0
 )
 
-require github.com/gofrs/flock v0.13.2 // indirect
+require github.com/gofrs/flock v0.13.2
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
