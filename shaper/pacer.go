@@ -69,7 +69,7 @@ type Pacer struct {
 	pausedUntil time.Time
 	heldEnded   time.Time     // when the last hold ended (Hold)
 	wireDelay   time.Duration // moving estimate of departure → wire
-	wireFast    time.Duration // the fast end of departure → wire (Wire)
+	wireFast    time.Duration // the quickest departure → wire seen (Wire)
 	wires       int           // wire reports seen, up to 2
 
 	forgivenLate time.Duration // lateness beyond the make-up, not yet taken (TakeForgiven)
@@ -477,23 +477,19 @@ func (p *Pacer) Wire(departed, wired time.Time) bool {
 	usual := p.wireDelay
 	p.wireDelay = usual + (min(d, 2*usual+time.Microsecond)-usual)/8
 	// The fast end is 0 (judge by the whole delay: strict) until the second
-	// request, whose delay it takes (the first pays the dial); then it falls
-	// to any quicker sample at once and rises by 1/65536 of the difference
-	// (clamped like the average's samples): about the quickest delay seen,
-	// so that a slow spell does not raise it (at 1/64, and at 1/1024 over
-	// spells of 500 requests, it rose to the slow spell's own quick end, and
-	// the windows broke as before: TestPacerWindowsHoldWhenTheWireGetsFaster).
-	// Too low only judges requests stricter, never looser.
+	// request, whose delay it takes (the first pays the dial); then it is
+	// the quickest delay seen. It does not rise again: an estimate that rose
+	// (by 1/64, or 1/1,024, of the difference per request) followed a slow
+	// spell up, and the windows broke as before
+	// (TestPacerWindowsHoldWhenTheWireGetsFaster). Too low only judges
+	// requests stricter, never looser.
 	fast := p.wireFast
-	switch {
-	case p.wires < 2:
+	if p.wires < 2 {
 		if p.wires++; p.wires == 2 {
 			p.wireFast = d
 		}
-	case d < fast:
+	} else if d < fast {
 		p.wireFast = d
-	default:
-		p.wireFast = fast + (min(d, 2*fast+time.Microsecond)-fast)/65536
 	}
 	moved := false
 	iv := p.interval(wired)
@@ -507,7 +503,8 @@ func (p *Pacer) Wire(departed, wired time.Time) bool {
 	// through the HTTP sink, and 95–96 % without it, its 1 ms and 10 ms
 	// windows held at the downstream's kernel stamps either way (bench
 	// section 11, docs/performance.md).
-	if anchor := wired.Add(-min(usual, d)); anchor.After(p.last) && iv >= time.Second/SpacingMaxRate {
+	spaced := iv >= time.Second/SpacingMaxRate // up to SpacingMaxRate
+	if anchor := wired.Add(-min(usual, d)); anchor.After(p.last) && spaced {
 		p.last, moved = anchor, true
 	}
 	// The lag made up after this request counts from when it really left:
@@ -524,7 +521,7 @@ func (p *Pacer) Wire(departed, wired time.Time) bool {
 	// idle machine; nothing below 1,000/s asked for the change, so it is
 	// not made there.)
 	judge := usual
-	if iv < time.Second/SpacingMaxRate {
+	if !spaced {
 		judge = fast
 	}
 	left := wired.Add(-min(judge, d))
