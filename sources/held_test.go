@@ -43,9 +43,27 @@ func TestFetchSkipsRedeliveryOfHeld(t *testing.T) {
 	if len(held) != 3 || src.held.len() != 3 {
 		t.Fatalf("first fetch: %d messages, %d held; want 3, 3", len(held), src.held.len())
 	}
-	time.Sleep(2 * ackWait) // no in-progress ack: the server redelivers all three
-	if again := fetch(3); len(again) != 0 {
-		t.Fatalf("after the ack wait, Fetch handed the lane %d redelivered copies of messages it holds, want 0", len(again))
+	cons, err := js.Consumer(ctx, "HELD", "h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No in-progress ack: after the ack wait the server redelivers all
+	// three. Fetch until it has (its info counts them), so that a slow
+	// server cannot make the check below pass with nothing redelivered.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if again := fetch(3); len(again) != 0 {
+			t.Fatalf("after the ack wait, Fetch handed the lane %d redelivered copies of messages it holds, want 0", len(again))
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumRedelivered >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server redelivered %d of 3 within 10 s of an ack wait of %v", info.NumRedelivered, ackWait)
+		}
 	}
 	if err := held[0].Acker.Ack(ctx); err != nil {
 		t.Fatal(err)
@@ -71,10 +89,6 @@ func TestFetchSkipsRedeliveryOfHeld(t *testing.T) {
 		}
 	}
 	_ = js.Conn().Flush()
-	cons, err := js.Consumer(ctx, "HELD", "h")
-	if err != nil {
-		t.Fatal(err)
-	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		info, err := cons.Info(ctx)
