@@ -314,6 +314,7 @@ func runLaneOnSink(cfg config.Lane, sink drain.Sink, wire bool, n int) (int, met
 		return 0, meterResult{}, nil, err
 	}
 	timeout := time.Duration(float64(n)/float64(cfg.Rate.Limit)*float64(time.Second)) + 30*time.Second
+	defer shaperGC()()
 	m, err := measureRun(func() error {
 		lane.Start()
 		select {

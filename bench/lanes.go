@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -303,6 +304,22 @@ func (e *natsEnv) runLane(ctx context.Context, st *stream, name string, limit fl
 	return r
 }
 
+// envNoGCFloor, set to 1, runs the shaper rows without the GC floor that
+// `shaper run` starts (drain.StartGCFloor): to measure what the floor gives.
+const envNoGCFloor = "SHAPERBENCH_NO_GC_FLOOR"
+
+// shaperGC starts the GC floor `shaper run` starts (drain/memory.go) for a
+// shaper row and returns what stops it. GOGC is the process's, so the
+// contenders (the bare consumers, the hand-rolled loops) run after it with
+// Go's default, as a program that does not set GOGC does; a GOGC in the
+// environment holds for every row (StartGCFloor then does nothing).
+func shaperGC() func() {
+	if os.Getenv(envNoGCFloor) != "" {
+		return func() {}
+	}
+	return drain.StartGCFloor(nil).Stop
+}
+
 // runLaneOn runs a lane with cfg on src until n messages reached the no-op
 // sink, then drains it. It records the waiter's lateness and the pull
 // requests made.
@@ -318,6 +335,7 @@ func runLaneOn(ctx context.Context, name string, cfg config.Lane, src drain.Sour
 		r.err = err
 		return r
 	}
+	defer shaperGC()()
 	m := startMeter()
 	lane.Start()
 	r.err = sink.wait(time.Minute)

@@ -70,6 +70,7 @@ func runLongRun(limit float64, span time.Duration, hog bool) (longRunRow, error)
 	if err != nil {
 		return row, err
 	}
+	defer shaperGC()()
 	lane.Start()
 	time.Sleep(span)
 	ctx, cancel := context.WithTimeout(context.Background(), 0)

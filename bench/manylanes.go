@@ -117,6 +117,7 @@ func runManyLanes(ctx context.Context, env *natsEnv, lanes int, rate float64, sp
 			return r
 		}
 	}
+	defer shaperGC()()
 	measureMany(ctx, &r, ls, sinks)
 	r.lateP99, r.lateOver = mergedLateness(reg, (1-shaper.DefaultMinSpacing)*shaper.Limit(rate).Interval().Seconds())
 	return r

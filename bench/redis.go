@@ -153,6 +153,7 @@ func runRedisRate(admin *redis.Client, addr string, rate float64, span time.Dura
 		row.err = err
 		return row
 	}
+	defer shaperGC()()
 	cpu0, t0 := cpuTime(), time.Now()
 	for _, l := range lanes {
 		l.Start()

@@ -4,6 +4,11 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -117,5 +122,114 @@ func TestMemoryBudgetOff(t *testing.T) {
 	var b *MemoryBudget
 	if b.Limit() != math.MaxInt64 {
 		t.Error("nil budget reports a limit")
+	}
+}
+
+// TestFloorPercent (issue 15; drain/memory.go, the GC floor): GOGC keeps
+// the heap goal, live × (1 + GOGC/100), at no less than the floor, and is
+// Go's default 100 once twice the live heap reaches it.
+func TestFloorPercent(t *testing.T) {
+	const mib = 1 << 20
+	for _, c := range []struct {
+		live, floor int64
+		want        int
+	}{
+		{0, 32 * mib, gcPercentMax},
+		{1 * mib, 32 * mib, 3100},
+		{3 * mib, 32 * mib, 967}, // 966.67 rounded up: the goal is not under the floor
+		{10 * mib, 32 * mib, 220},
+		{16 * mib, 32 * mib, 100},
+		{16*mib - 1, 32 * mib, 101},
+		{200 * mib, 32 * mib, 100},
+		{100 << 10, 32 * mib, gcPercentMax},
+	} {
+		got := floorPercent(c.live, c.floor)
+		if got != c.want {
+			t.Errorf("floorPercent(%d, %d) = %d, want %d", c.live, c.floor, got, c.want)
+		}
+		if c.live > 0 && got < gcPercentMax && c.live+c.live*int64(got)/100 < c.floor {
+			t.Errorf("floorPercent(%d, %d) = %d: goal %d under the floor", c.live, c.floor, got, c.live+c.live*int64(got)/100)
+		}
+	}
+}
+
+// TestGCFloorTuner (drain/memory.go): the tuner sets GOGC from the live
+// heap only when it changes, and Stop restores the GOGC before its first
+// set and ends the tuning.
+func TestGCFloorTuner(t *testing.T) {
+	const mib = 1 << 20
+	live := int64(2 * mib)
+	var set []int
+	gogc := 75 // the operator's, say, before the floor
+	tu := newGCFloor(32*mib, func() int64 { return live }, func(p int) int {
+		set = append(set, p)
+		old := gogc
+		gogc = p
+		return old
+	})
+	tu.tune()
+	tu.tune()
+	live = 40 * mib
+	tu.tune()
+	if want := []int{1500, 100}; !slices.Equal(set, want) {
+		t.Fatalf("GOGC set %v, want %v", set, want)
+	}
+	tu.Stop()
+	if gogc != 75 {
+		t.Fatalf("GOGC after Stop = %d, want the 75 from before", gogc)
+	}
+	live = 1 * mib
+	if tu.tune() || gogc != 75 {
+		t.Fatalf("tune after Stop set GOGC %d", gogc)
+	}
+	var none *GCFloorTuner
+	none.Stop()
+	if none.Percent() != 0 {
+		t.Fatal("a nil tuner has a percent")
+	}
+}
+
+// gogcNow reads the GOGC in force (runtime/metrics /gc/gogc:percent).
+func gogcNow() int {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	return int(s[0].Value.Uint64())
+}
+
+// TestGCFloorEachCycle (drain/memory.go): with the real runtime, the
+// tuner's finalizer sets GOGC after a collection and again after each later
+// one: above 100 for this test binary's small heap, 100 while a live
+// 48 MiB is held, and what it was once stopped.
+func TestGCFloorEachCycle(t *testing.T) {
+	if os.Getenv("GOGC") != "" {
+		t.Skip("GOGC is set: the test needs the default collector")
+	}
+	before := gogcNow()
+	tu := newGCFloor(GCFloor, heapLive, debug.SetGCPercent)
+	tu.arm() // no tune first: the first set comes from a cycle
+	defer tu.Stop()
+	waitGOGC := func(ok func(int) bool, what string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !ok(gogcNow()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("GOGC %d, live %d: want %s", gogcNow(), heapLive(), what)
+			}
+			runtime.GC()
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitGOGC(func(p int) bool { return p > 100 }, "above 100 for a small heap")
+	hold := make([]byte, 48<<20)
+	for i := range hold {
+		hold[i] = byte(i)
+	}
+	waitGOGC(func(p int) bool { return p == 100 }, "100 with 48 MiB live")
+	runtime.KeepAlive(hold)
+	hold = nil
+	waitGOGC(func(p int) bool { return p > 100 }, "above 100 again")
+	tu.Stop()
+	if p := gogcNow(); p != before {
+		t.Fatalf("GOGC after Stop = %d, want %d", p, before)
 	}
 }

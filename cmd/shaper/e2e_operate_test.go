@@ -74,6 +74,16 @@ func TestE2EHotReload(t *testing.T) {
 	if r := rate("ops"); r != 100 {
 		t.Fatalf("rate at start %v", r)
 	}
+	// Issue 15, the GC floor (drain/memory.go): `shaper run` keeps the heap
+	// goal at 32 MiB or more, so this small heap runs with GOGC above 100.
+	if os.Getenv("GOGC") == "" {
+		if p := metricValue(t, scrape(t, admin), "go_gc_gogc_percent", nil); p <= 100 {
+			t.Errorf("go_gc_gogc_percent %v with a small heap: the GC floor is not in force", p)
+		}
+		if !strings.Contains(c.stderrText(), "gc floor") {
+			t.Error("no 'gc floor' line in the logs")
+		}
+	}
 	// 1. The file changes: the rate changes in place.
 	write(operateConfig(natsAddr, store, admin, "40/s", down.url(), false))
 	waitFor("rate 40/s after the file changed", func() bool { return rate("ops") == 40 })

@@ -16,6 +16,7 @@ import (
 
 	"github.com/shaper-dev/shaper/cmd/shaper/internal/daemon"
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/drain"
 )
 
 // Exit codes (STYLE.md): 0 clean stop, 1 runtime failure, 2 bad usage or
@@ -161,6 +162,7 @@ func runCmd(stdout, stderr io.Writer) *cobra.Command {
 			for _, w := range warns {
 				log.Warn("config warning", "problem", w.String())
 			}
+			defer drain.StartGCFloor(log).Stop() // drain/memory.go: the GC floor
 			d := daemon.New(cfg, log, stdout)
 			path, _ := cmd.Flags().GetString("config")
 			if path == "" {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/shaper-dev/shaper/cmd/shaper/internal/daemon"
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/drain"
 )
 
 // Options are the demo's flags.
@@ -84,6 +85,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) (bool, error)
 	if o.Verbose {
 		logw = stderr
 	}
+	defer drain.StartGCFloor(nil).Stop() // as `shaper run` does (drain/memory.go)
 	d := daemon.New(cfg, slog.New(slog.NewTextHandler(logw, nil)), io.Discard)
 	if err := d.Start(ctx); err != nil {
 		return false, err
