@@ -178,39 +178,62 @@ func (l *Lane) notePayload(n int) {
 // 1.4–2.4 % of its rate at 5,000/s; with the heap goal kept at 32 MiB the
 // lane reached −0.44 % (docs/performance.md, "The GC floor").
 //
-// A GCFloorTuner keeps the heap goal at no less than GCFloor: after each
-// collection it reads the live heap (runtime/metrics /gc/heap/live:bytes)
-// and sets GOGC (runtime/debug.SetGCPercent) to
+// A GCFloorTuner keeps the heap goal at no less than GCFloor. Go's
+// collector sets the goal of the next cycle at
 //
-//	max(100, 100 × (GCFloor − live) / live)
+//	live + (live + stacks + globals) × GOGC / 100
 //
-// so the goal, live × (1 + GOGC/100), is GCFloor while the live heap is
-// under half of it and Go's default 2 × live above that: a large heap (a
-// bucket of large payloads) is collected exactly as without the floor, and
-// the soft memory limit a MemoryBudget sets still caps the goal. What it
-// costs is at most GCFloor of heap, most of it garbage, in a daemon that
-// would otherwise hold a few MiB.
+// (the heap the last cycle marked, plus GOGC percent of it and of the
+// stacks and globals it scanned: the runtime's pacer since Go 1.18), and at
+// no less than the heap minimum, 4 MiB × GOGC / 100. After each collection
+// the tuner reads the three (runtime/metrics /gc/heap/live:bytes,
+// /gc/scan/stack:bytes, /gc/scan/globals:bytes) and sets GOGC
+// (runtime/debug.SetGCPercent) to
+//
+//	max(100, min(100 × (GCFloor − live) / (live + stacks + globals), 100 × GCFloor / 4 MiB))
+//
+// so the goal is GCFloor while the live heap is small and Go's default above
+// that: a large heap (a bucket of large payloads) is collected exactly as
+// without the floor, and the soft memory limit a MemoryBudget sets still
+// caps the goal. What it costs is at most GCFloor of heap, most of it
+// garbage, in a daemon that would otherwise hold a few MiB. (A first version
+// had neither the stacks and globals nor the heap minimum: for a small live
+// heap it set GOGC up to 12,800, which makes the heap minimum 512 MiB. The
+// bench's large-payload cell, capacity 20, then peaked at 99.7 MiB of heap
+// and 120.7 MiB of RSS against its bound of 74 MiB; TestGCFloorEachCycle
+// now reads the runtime's own goal.)
 
 // GCFloor is the heap goal a GCFloorTuner keeps at the least, in bytes.
 const GCFloor = 32 << 20
 
-// gcPercentMax caps the GOGC a GCFloorTuner sets, for a live heap near 0
-// (before the first collection counts anything): 100 × GCFloor / 256 KiB.
-const gcPercentMax = 12800
+// runtimeHeapMinimum is the Go runtime's heap minimum at GOGC=100, in
+// bytes (defaultHeapMinimum in runtime/mgcpacer.go): the goal is never under
+// it × GOGC / 100.
+const runtimeHeapMinimum = 4 << 20
 
-// floorPercent returns the GOGC that makes the heap goal, live × (1 +
-// GOGC/100), at least floor for a live heap of live bytes: Go's default 100
-// when 2 × live already reaches floor, else 100 × (floor − live) / live
-// rounded up, at most gcPercentMax.
-func floorPercent(live, floor int64) int {
-	if live <= 0 {
-		return gcPercentMax
+// gcPercentMax caps the GOGC a GCFloorTuner sets: the GOGC whose heap
+// minimum is GCFloor (800), what a process with a tiny heap gets.
+const gcPercentMax = 100 * GCFloor / runtimeHeapMinimum
+
+// gcCycleStats is what the last collection measured, in bytes: the heap it
+// marked, and the stacks and globals it scanned.
+type gcCycleStats struct{ live, stacks, globals int64 }
+
+// floorPercent returns the GOGC that makes the heap goal, live + (live +
+// stacks + globals) × GOGC / 100, at least floor: Go's default 100 when
+// that already reaches floor, else 100 × (floor − live) / (live + stacks +
+// globals) rounded up, at most the GOGC whose heap minimum is floor.
+func floorPercent(c gcCycleStats, floor int64) int {
+	base := c.live + c.stacks + c.globals
+	most := max(100*floor/runtimeHeapMinimum, 100)
+	if base <= 0 {
+		return int(most)
 	}
-	if 2*live >= floor {
+	if c.live+base >= floor {
 		return 100
 	}
-	p := (100*(floor-live) + live - 1) / live
-	return int(min(max(p, 100), gcPercentMax))
+	p := (100*(floor-c.live) + base - 1) / base
+	return int(min(max(p, 100), most))
 }
 
 // GCFloorTuner keeps the Go collector's heap goal at no less than GCFloor
@@ -218,8 +241,8 @@ func floorPercent(live, floor int64) int {
 // *GCFloorTuner does nothing.
 type GCFloorTuner struct {
 	floor   int64
-	live    func() int64  // the live heap after the last collection, bytes
-	set     func(int) int // debug.SetGCPercent
+	stats   func() gcCycleStats // what the last collection measured
+	set     func(int) int       // debug.SetGCPercent
 	mu      sync.Mutex
 	percent int // the GOGC last set; 0: none yet
 	before  int // the GOGC before the first set, restored by Stop
@@ -241,7 +264,7 @@ func StartGCFloor(log *slog.Logger) *GCFloorTuner {
 	if os.Getenv("GOGC") != "" || !floorRunning.CompareAndSwap(false, true) {
 		return nil
 	}
-	t := newGCFloor(GCFloor, heapLive, debug.SetGCPercent)
+	t := newGCFloor(GCFloor, lastCycle, debug.SetGCPercent)
 	t.process = true
 	t.tune()
 	t.arm()
@@ -251,18 +274,21 @@ func StartGCFloor(log *slog.Logger) *GCFloorTuner {
 	return t
 }
 
-func newGCFloor(floor int64, live func() int64, set func(int) int) *GCFloorTuner {
-	return &GCFloorTuner{floor: floor, live: live, set: set}
+func newGCFloor(floor int64, stats func() gcCycleStats, set func(int) int) *GCFloorTuner {
+	return &GCFloorTuner{floor: floor, stats: stats, set: set}
 }
 
-// heapLive reads /gc/heap/live:bytes: the heap the last collection marked.
-func heapLive() int64 {
-	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+// lastCycle reads what the last collection measured from runtime/metrics.
+func lastCycle() gcCycleStats {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/gc/scan/stack:bytes"}, {Name: "/gc/scan/globals:bytes"}}
 	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindUint64 {
-		return 0
+	v := func(i int) int64 {
+		if s[i].Value.Kind() != metrics.KindUint64 {
+			return 0
+		}
+		return int64(s[i].Value.Uint64())
 	}
-	return int64(s[0].Value.Uint64())
+	return gcCycleStats{live: v(0), stacks: v(1), globals: v(2)}
 }
 
 // Percent returns the GOGC t set last (0 before the first, or for nil).
@@ -302,7 +328,7 @@ func (t *GCFloorTuner) tune() bool {
 	if t.stopped {
 		return false
 	}
-	p := floorPercent(t.live(), t.floor)
+	p := floorPercent(t.stats(), t.floor)
 	if p == t.percent {
 		return true
 	}

@@ -126,29 +126,40 @@ func TestMemoryBudgetOff(t *testing.T) {
 }
 
 // TestFloorPercent (issue 15; drain/memory.go, the GC floor): GOGC keeps
-// the heap goal, live × (1 + GOGC/100), at no less than the floor, and is
-// Go's default 100 once twice the live heap reaches it.
+// the heap goal, live + (live + stacks + globals) × GOGC/100, at no less
+// than the floor and near it, and is Go's default 100 once the default goal
+// reaches it.
 func TestFloorPercent(t *testing.T) {
 	const mib = 1 << 20
 	for _, c := range []struct {
-		live, floor int64
-		want        int
+		st    gcCycleStats
+		floor int64
+		want  int
 	}{
-		{0, 32 * mib, gcPercentMax},
-		{1 * mib, 32 * mib, 3100},
-		{3 * mib, 32 * mib, 967}, // 966.67 rounded up: the goal is not under the floor
-		{10 * mib, 32 * mib, 220},
-		{16 * mib, 32 * mib, 100},
-		{16*mib - 1, 32 * mib, 101},
-		{200 * mib, 32 * mib, 100},
-		{100 << 10, 32 * mib, gcPercentMax},
+		{gcCycleStats{}, 32 * mib, gcPercentMax},
+		{gcCycleStats{live: 1 * mib}, 32 * mib, gcPercentMax}, // 3100 would make the heap minimum 124 MiB
+		{gcCycleStats{live: 3 * mib, stacks: mib / 2, globals: mib / 2}, 32 * mib, 725},
+		{gcCycleStats{live: 3 * mib}, 32 * mib, gcPercentMax}, // the heap minimum, 32 MiB, is the goal
+		{gcCycleStats{live: 2 * mib, stacks: mib / 2, globals: mib / 2}, 32 * mib, gcPercentMax},
+		{gcCycleStats{live: 10 * mib}, 32 * mib, 220},
+		{gcCycleStats{live: 4 * mib, stacks: mib / 4, globals: mib / 4}, 32 * mib, 623}, // 622.2 rounded up: the goal is not under the floor
+		{gcCycleStats{live: 16 * mib}, 32 * mib, 100},
+		{gcCycleStats{live: 15 * mib, globals: 2 * mib}, 32 * mib, 100},
+		{gcCycleStats{live: 16*mib - 1}, 32 * mib, 101},
+		{gcCycleStats{live: 200 * mib}, 32 * mib, 100},
+		{gcCycleStats{live: 100 << 10}, 32 * mib, gcPercentMax},
 	} {
-		got := floorPercent(c.live, c.floor)
+		got := floorPercent(c.st, c.floor)
 		if got != c.want {
-			t.Errorf("floorPercent(%d, %d) = %d, want %d", c.live, c.floor, got, c.want)
+			t.Errorf("floorPercent(%+v, %d) = %d, want %d", c.st, c.floor, got, c.want)
 		}
-		if c.live > 0 && got < gcPercentMax && c.live+c.live*int64(got)/100 < c.floor {
-			t.Errorf("floorPercent(%d, %d) = %d: goal %d under the floor", c.live, c.floor, got, c.live+c.live*int64(got)/100)
+		base := c.st.live + c.st.stacks + c.st.globals
+		goal := max(c.st.live+base*int64(got)/100, runtimeHeapMinimum*int64(got)/100) // the runtime's goal
+		if goal > c.floor+base && got > 100 {
+			t.Errorf("floorPercent(%+v) = %d: goal %d past the floor", c.st, got, goal)
+		}
+		if base > 0 && got < gcPercentMax && goal < c.floor {
+			t.Errorf("floorPercent(%+v) = %d: goal %d under the floor", c.st, got, goal)
 		}
 	}
 }
@@ -161,7 +172,7 @@ func TestGCFloorTuner(t *testing.T) {
 	live := int64(2 * mib)
 	var set []int
 	gogc := 75 // the operator's, say, before the floor
-	tu := newGCFloor(32*mib, func() int64 { return live }, func(p int) int {
+	tu := newGCFloor(32*mib, func() gcCycleStats { return gcCycleStats{live: live} }, func(p int) int {
 		set = append(set, p)
 		old := gogc
 		gogc = p
@@ -171,7 +182,7 @@ func TestGCFloorTuner(t *testing.T) {
 	tu.tune()
 	live = 40 * mib
 	tu.tune()
-	if want := []int{1500, 100}; !slices.Equal(set, want) {
+	if want := []int{gcPercentMax, 100}; !slices.Equal(set, want) {
 		t.Fatalf("GOGC set %v, want %v", set, want)
 	}
 	tu.Stop()
@@ -190,10 +201,12 @@ func TestGCFloorTuner(t *testing.T) {
 }
 
 // gogcNow reads the GOGC in force (runtime/metrics /gc/gogc:percent).
-func gogcNow() int {
-	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+func gogcNow() int { return int(runtimeMetric("/gc/gogc:percent")) }
+
+func runtimeMetric(name string) uint64 {
+	s := []metrics.Sample{{Name: name}}
 	metrics.Read(s)
-	return int(s[0].Value.Uint64())
+	return s[0].Value.Uint64()
 }
 
 // TestGCFloorEachCycle (drain/memory.go): with the real runtime, the
@@ -205,7 +218,7 @@ func TestGCFloorEachCycle(t *testing.T) {
 		t.Skip("GOGC is set: the test needs the default collector")
 	}
 	before := gogcNow()
-	tu := newGCFloor(GCFloor, heapLive, debug.SetGCPercent)
+	tu := newGCFloor(GCFloor, lastCycle, debug.SetGCPercent)
 	tu.arm() // no tune first: the first set comes from a cycle
 	defer tu.Stop()
 	waitGOGC := func(ok func(int) bool, what string) {
@@ -213,13 +226,18 @@ func TestGCFloorEachCycle(t *testing.T) {
 		deadline := time.Now().Add(10 * time.Second)
 		for !ok(gogcNow()) {
 			if time.Now().After(deadline) {
-				t.Fatalf("GOGC %d, live %d: want %s", gogcNow(), heapLive(), what)
+				t.Fatalf("GOGC %d, last cycle %+v: want %s", gogcNow(), lastCycle(), what)
 			}
 			runtime.GC()
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
 	waitGOGC(func(p int) bool { return p > 100 }, "above 100 for a small heap")
+	// The runtime's own goal is the floor, not past it (GOGC applies to the
+	// stacks and globals too).
+	if goal := int64(runtimeMetric("/gc/heap/goal:bytes")); goal < GCFloor*9/10 || goal > GCFloor*11/10 {
+		t.Errorf("heap goal %.1f MiB with GOGC %d, last cycle %+v: want the floor, %d MiB", float64(goal)/(1<<20), gogcNow(), lastCycle(), GCFloor>>20)
+	}
 	hold := make([]byte, 48<<20)
 	for i := range hold {
 		hold[i] = byte(i)
