@@ -320,6 +320,17 @@ func shaperGC() func() {
 	return drain.StartGCFloor(nil).Stop
 }
 
+// gcSetting says, for the report, how the rows' collector ran.
+func gcSetting() string {
+	switch {
+	case os.Getenv("GOGC") != "":
+		return "GOGC=" + os.Getenv("GOGC") + " from the environment, every row (the downstream child processes too)"
+	case os.Getenv(envNoGCFloor) != "":
+		return "Go's default (GOGC=100) for every row: " + envNoGCFloor + " is set"
+	}
+	return "the shaper rows with the GC floor `shaper run` starts (drain.StartGCFloor: heap goal ≥ 32 MiB); the other contenders with Go's default GOGC=100"
+}
+
 // runLaneOn runs a lane with cfg on src until n messages reached the no-op
 // sink, then drains it. It records the waiter's lateness and the pull
 // requests made.

@@ -28,6 +28,7 @@ func (r *Results) Markdown() string {
 		env.add(kv[0], kv[1])
 	}
 	env.add("total time", r.took.Round(time.Second).String())
+	env.add("GC", gcSetting())
 	env.add("other processes", fmt.Sprintf("%s %% of the machine over the run (/proc/stat minus own getrusage)", fmtLoad(r.load)))
 	if !r.opts.Quick {
 		env.add("re-runs", fmt.Sprintf("%d cell(s) measured again because other processes used > %.0f %% of the machine", r.retries, 100*busyLimit))

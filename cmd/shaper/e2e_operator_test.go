@@ -321,6 +321,11 @@ func TestE2EAdminToken(t *testing.T) {
 	if code, _ := cli("pause"); code != exitUsage {
 		t.Errorf("pause without a lane: exit %d, want 2", code)
 	}
+	for _, d := range []string{"0s", "-1s"} { // not "until resumed": refused
+		if code, out := cli("pause", "ops", "--for", d); code != exitUsage || !strings.Contains(out, "leave --for out") {
+			t.Errorf("pause --for %s: exit %d, %q; want 2 and the hint", d, code, out)
+		}
+	}
 	if code, _ := cli("lanes", "-o", "yaml"); code != exitUsage {
 		t.Errorf("-o yaml: exit %d, want 2", code)
 	}

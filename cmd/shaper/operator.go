@@ -165,9 +165,11 @@ func pauseCmd(stdout, stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// --for 0s would be taken as no --for (until resumed): refused,
+			// so that a pause asked to be short is never one without end.
 			d, _ := cmd.Flags().GetDuration("for")
-			if d < 0 {
-				return &exitError{code: exitUsage, err: errors.New("--for: want a positive duration")}
+			if d <= 0 && cmd.Flags().Changed("for") {
+				return &exitError{code: exitUsage, err: errors.New("--for: want a positive duration (leave --for out to pause until resumed)")}
 			}
 			reason, _ := cmd.Flags().GetString("reason")
 			req := admin.PauseRequest{Reason: reason}
