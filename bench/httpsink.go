@@ -75,7 +75,12 @@ type httpRow struct {
 	// margin is, for each marginWindows length W, how far the closest
 	// W × limit + 2 requests were spread beyond W (the span of one more
 	// than G1's bound, less W): positive when every such window held G1.
-	margin      []time.Duration
+	margin []time.Duration
+	// pairs are the lane's (departure, wire report) of each request, by
+	// departure (runLaneHTTP); closest joins them with the stamps of the
+	// closest window of marginWindows[0] (joinClosest).
+	pairs       [][2]time.Time
+	closest     *closestWindow
 	cpuPerReq   time.Duration
 	allocs      float64         // heap allocations per request, sending process
 	wire, start []time.Duration // quantiles (httpQuantiles) of departure → wire report, → Send
@@ -177,10 +182,67 @@ func measureHTTP(name, what string, run func(string, int, *httpRow) (int, meterR
 	row.load = m.load
 	row.conns, row.unstamped, row.downCPU = seen.conns, seen.unstamped, seen.cpu
 	row.fillRate(seen.at)
+	row.closest = joinClosest(seen.at, row.pairs, marginWindows[0])
 	if row.err == nil && row.n != n {
 		row.err = fmt.Errorf("the downstream received %d of %d requests", row.n, n)
 	}
 	return row
+}
+
+// closestWindow is the closest window of bound + 1 requests at the
+// downstream's stamps (the one whose margin section 11 reports), joined
+// with the same requests' departures and wire reports: where a window that
+// comes near G1's bound lost its span.
+type closestWindow struct {
+	first                    int           // its first request, in stamp order
+	stamps, departs, reports time.Duration // the span of its requests at each
+	// firstAfter and lastAfter are the time from the first and the last
+	// request's stamp to its wire report (the stamp is taken inside the
+	// connection's Write, the report after it returned).
+	firstAfter, lastAfter time.Duration
+	fast                  time.Duration // the quickest departure → wire report of the run
+	// fastThen is the quickest departure → wire report of the requests
+	// before the window's first (from the second: the first pays the
+	// dial), the pacer's judge when that one's report came (Pacer.Wire).
+	fastThen   time.Duration
+	misordered int // requests stamped before their own departure (the join is off)
+}
+
+// joinClosest finds the closest window of w × httpRate + 2 requests at the
+// sorted stamps at and joins it with pairs, the (departure, wire report) of
+// each request by departure: the k-th stamp is the k-th departure's, since
+// the lane holds each departure until the previous one's wire report. It
+// returns nil when the counts differ (not the lane, or a request lost).
+func joinClosest(at []time.Time, pairs [][2]time.Time, w time.Duration) *closestWindow {
+	k := int(w.Seconds()*httpRate) + 1
+	if len(pairs) != len(at) || len(at) <= k {
+		return nil
+	}
+	c := &closestWindow{fast: pairs[0][1].Sub(pairs[0][0])}
+	for j := range at {
+		if at[j].Before(pairs[j][0]) {
+			c.misordered++
+		}
+		c.fast = min(c.fast, pairs[j][1].Sub(pairs[j][0]))
+	}
+	c.stamps = at[k].Sub(at[0])
+	for i := 1; i+k < len(at); i++ {
+		if d := at[i+k].Sub(at[i]); d < c.stamps {
+			c.first, c.stamps = i, d
+		}
+	}
+	i := c.first
+	c.fastThen = -1
+	for j := 1; j <= i; j++ {
+		if d := pairs[j][1].Sub(pairs[j][0]); c.fastThen < 0 || d < c.fastThen {
+			c.fastThen = d
+		}
+	}
+	c.departs = pairs[i+k][0].Sub(pairs[i][0])
+	c.reports = pairs[i+k][1].Sub(pairs[i][1])
+	c.firstAfter = pairs[i][1].Sub(at[i])
+	c.lastAfter = pairs[i+k][1].Sub(at[i+k])
+	return c
 }
 
 // fillRate fills n, achieved, errPct and win from the sorted instants at.
@@ -385,6 +447,10 @@ func runLaneHTTP(url string, n int, row *httpRow) (int, meterResult, error) {
 		cs.mu.Unlock()
 		row.next = delayQuantiles(cs.wireToNext())
 		row.forgivenLate, row.forgivenWire = cs.forgiven()
+		cs.mu.Lock()
+		row.pairs = slices.Clone(cs.pairs)
+		cs.mu.Unlock()
+		slices.SortFunc(row.pairs, func(a, b [2]time.Time) int { return a[0].Compare(b[0]) })
 	}
 	return sent, m, err
 }
@@ -812,6 +878,14 @@ func (r *Results) httpMarkdown() string {
 				int(marginWindows[0].Seconds()*httpRate)+2, fmtUs(marginWindows[0]+lane.margin[0]))
 			w("(%s µs beyond 10 ms), the closest %d %s µs (%s µs beyond 1 ms); negative: a window broke G1.\n\n",
 				fmtUs(lane.margin[0]), int(marginWindows[1].Seconds()*httpRate)+2, fmtUs(marginWindows[1]+lane.margin[1]), fmtUs(lane.margin[1]))
+			if c := lane.closest; c != nil {
+				w("The same %d requests spanned %s µs at their departures and %s µs at their wire reports; the wire\n",
+					int(marginWindows[0].Seconds()*httpRate)+2, fmtUs(c.departs), fmtUs(c.reports))
+				w("report came %s µs after the first one's stamp and %s µs after the last one's (the quickest departure →\n",
+					fmtUs(c.firstAfter), fmtUs(c.lastAfter))
+				w("wire report of the run: %s µs, of the requests before the window: %s µs; %d request(s) stamped before\n", fmtUs(c.fast), fmtUs(c.fastThen), c.misordered)
+				w("their own departure).\n\n")
+			}
 		}
 		if lane.achieved > 0 {
 			lost := time.Duration(float64(time.Second)/lane.achieved - float64(time.Second)/httpRate)

@@ -243,3 +243,39 @@ func TestMergedLateness(t *testing.T) {
 		t.Errorf("mergedLateness = %v, %v; want 60ms (the bucket holding 0.05 s), 0.02", p99, share)
 	}
 }
+
+// TestJoinClosest (bench/httpsink.go, section 11): the closest window of 52
+// requests at the stamps is found and joined, by order, with the same
+// requests' departures and wire reports.
+func TestJoinClosest(t *testing.T) {
+	const n = 200
+	iv := time.Second / httpRate
+	t0 := time.Unix(1000, 0)
+	at := make([]time.Time, n)
+	pairs := make([][2]time.Time, n)
+	for j := range n {
+		dep := t0.Add(time.Duration(j) * iv)
+		at[j] = dep.Add(30 * time.Microsecond)
+		pairs[j] = [2]time.Time{dep, at[j].Add(10 * time.Microsecond)}
+	}
+	// Request 60 reached the wire 100 µs late (its stamp and report), so
+	// 60 … 111 is the closest window at the stamps: 51 intervals − 100 µs.
+	// Its report came 3 µs after its stamp; the window's last one's 10 µs.
+	at[60] = at[60].Add(100 * time.Microsecond)
+	pairs[60][1] = at[60].Add(3 * time.Microsecond)
+	pairs[5][1] = pairs[5][0].Add(20 * time.Microsecond) // the quickest before the window
+	pairs[150][1] = pairs[150][0].Add(15 * time.Microsecond)
+	c := joinClosest(at, pairs, 10*time.Millisecond)
+	if c == nil {
+		t.Fatal("no join")
+	}
+	want := closestWindow{first: 60, stamps: 51*iv - 100*time.Microsecond, departs: 51 * iv,
+		reports: 51*iv - 93*time.Microsecond, firstAfter: 3 * time.Microsecond, lastAfter: 10 * time.Microsecond,
+		fast: 15 * time.Microsecond, fastThen: 20 * time.Microsecond}
+	if *c != want {
+		t.Fatalf("joinClosest = %+v\nwant           %+v", *c, want)
+	}
+	if joinClosest(at, pairs[1:], 10*time.Millisecond) != nil {
+		t.Fatal("a join of different counts")
+	}
+}
