@@ -200,12 +200,30 @@ type closestWindow struct {
 	// request's stamp to its wire report (the stamp is taken inside the
 	// connection's Write, the report after it returned).
 	firstAfter, lastAfter time.Duration
-	fast                  time.Duration // the quickest departure → wire report of the run
-	// fastThen is the quickest departure → wire report of the requests
-	// before the window's first (from the second: the first pays the
-	// dial), the pacer's judge when that one's report came (Pacer.Wire).
+	fast                  time.Duration // the quickest departure → wire report of the run, from the second request
+	// fastThen is the quickest departure → wire report of the requests up
+	// to the window's first (from the second: the first pays the dial),
+	// the pacer's judge when that one's report came (Pacer.Wire); 0 when
+	// the window starts at the first request.
 	fastThen   time.Duration
 	misordered int // requests stamped before their own departure (the join is off)
+}
+
+// closestSpan returns the first request and the span of the closest window
+// of w × httpRate + 2 requests (one more than G1's bound) at the sorted
+// instants at; ok is false when at holds no such window.
+func closestSpan(at []time.Time, w time.Duration) (first int, span time.Duration, ok bool) {
+	k := int(w.Seconds()*httpRate) + 1 // bound + 1 requests span k gaps
+	if len(at) <= k {
+		return 0, 0, false
+	}
+	span = at[k].Sub(at[0])
+	for i := 1; i+k < len(at); i++ {
+		if d := at[i+k].Sub(at[i]); d < span {
+			first, span = i, d
+		}
+	}
+	return first, span, true
 }
 
 // joinClosest finds the closest window of w × httpRate + 2 requests at the
@@ -214,30 +232,32 @@ type closestWindow struct {
 // the lane holds each departure until the previous one's wire report. It
 // returns nil when the counts differ (not the lane, or a request lost).
 func joinClosest(at []time.Time, pairs [][2]time.Time, w time.Duration) *closestWindow {
-	k := int(w.Seconds()*httpRate) + 1
-	if len(pairs) != len(at) || len(at) <= k {
+	if len(pairs) != len(at) {
 		return nil
 	}
-	c := &closestWindow{fast: pairs[0][1].Sub(pairs[0][0])}
+	first, span, ok := closestSpan(at, w)
+	if !ok {
+		return nil
+	}
+	c := &closestWindow{first: first, stamps: span}
+	// The quickest delay counts from the second request, as the pacer's
+	// does (the first pays the dial); fastThen is it once the window's
+	// first request reported.
 	for j := range at {
 		if at[j].Before(pairs[j][0]) {
 			c.misordered++
 		}
-		c.fast = min(c.fast, pairs[j][1].Sub(pairs[j][0]))
-	}
-	c.stamps = at[k].Sub(at[0])
-	for i := 1; i+k < len(at); i++ {
-		if d := at[i+k].Sub(at[i]); d < c.stamps {
-			c.first, c.stamps = i, d
+		if j == 0 {
+			continue
+		}
+		if d := pairs[j][1].Sub(pairs[j][0]); j == 1 || d < c.fast {
+			c.fast = d
+		}
+		if j == first {
+			c.fastThen = c.fast
 		}
 	}
-	i := c.first
-	c.fastThen = -1
-	for j := 1; j <= i; j++ {
-		if d := pairs[j][1].Sub(pairs[j][0]); c.fastThen < 0 || d < c.fastThen {
-			c.fastThen = d
-		}
-	}
+	i, k := first, int(w.Seconds()*httpRate)+1
 	c.departs = pairs[i+k][0].Sub(pairs[i][0])
 	c.reports = pairs[i+k][1].Sub(pairs[i][1])
 	c.firstAfter = pairs[i][1].Sub(at[i])
@@ -261,15 +281,9 @@ func (r *httpRow) fillRate(at []time.Time) {
 		}
 	}
 	for _, w := range marginWindows {
-		k := int(w.Seconds()*httpRate) + 1 // bound + 1 requests span k gaps
-		if len(off) <= k {
-			continue
+		if _, least, ok := closestSpan(at, w); ok {
+			r.margin = append(r.margin, least-w)
 		}
-		least := off[k] - off[0]
-		for i := 1; i+k < len(off); i++ {
-			least = min(least, off[i+k]-off[i])
-		}
-		r.margin = append(r.margin, least-w)
 	}
 	for _, w := range httpWindows {
 		if off[len(off)-1] < w {
@@ -320,14 +334,20 @@ func (s *countingSink) forgiven() (late, wire time.Duration) {
 	return sec(s.metrics.ForgivenLate), sec(s.metrics.ForgivenWire)
 }
 
-// wireToNext returns, for each request but the last, the time from its wire
-// report to the next departure: how long the lane's hold on the wire (and
-// the pacer) kept the next one.
-func (s *countingSink) wireToNext() []time.Duration {
+// byDeparture returns a copy of the (departure, wire report) pairs, sorted
+// by departure.
+func (s *countingSink) byDeparture() [][2]time.Time {
 	s.mu.Lock()
 	ps := slices.Clone(s.pairs)
 	s.mu.Unlock()
 	slices.SortFunc(ps, func(a, b [2]time.Time) int { return a[0].Compare(b[0]) })
+	return ps
+}
+
+// wireToNext returns, for each request but the last of ps (by departure),
+// the time from its wire report to the next departure: how long the lane's
+// hold on the wire (and the pacer) kept the next one.
+func wireToNext(ps [][2]time.Time) []time.Duration {
 	var out []time.Duration
 	for i := 1; i < len(ps); i++ {
 		out = append(out, ps[i][0].Sub(ps[i-1][1]))
@@ -445,12 +465,9 @@ func runLaneHTTP(url string, n int, row *httpRow) (int, meterResult, error) {
 		row.wire, row.start = delayQuantiles(cs.wire), delayQuantiles(cs.start)
 		row.wireMean, row.wireExcess = meanExcess(cs.wire)
 		cs.mu.Unlock()
-		row.next = delayQuantiles(cs.wireToNext())
+		row.pairs = cs.byDeparture()
+		row.next = delayQuantiles(wireToNext(row.pairs))
 		row.forgivenLate, row.forgivenWire = cs.forgiven()
-		cs.mu.Lock()
-		row.pairs = slices.Clone(cs.pairs)
-		cs.mu.Unlock()
-		slices.SortFunc(row.pairs, func(a, b [2]time.Time) int { return a[0].Compare(b[0]) })
 	}
 	return sent, m, err
 }

@@ -275,6 +275,12 @@ func TestJoinClosest(t *testing.T) {
 	if *c != want {
 		t.Fatalf("joinClosest = %+v\nwant           %+v", *c, want)
 	}
+	// A departure recorded after its own stamp means the join is off.
+	off := slices.Clone(pairs)
+	off[190][0] = at[190].Add(time.Microsecond)
+	if c := joinClosest(at, off, 10*time.Millisecond); c == nil || c.misordered != 1 {
+		t.Fatalf("joinClosest with one departure after its stamp = %+v, want 1 misordered", c)
+	}
 	if joinClosest(at, pairs[1:], 10*time.Millisecond) != nil {
 		t.Fatal("a join of different counts")
 	}
