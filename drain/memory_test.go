@@ -132,33 +132,32 @@ func TestMemoryBudgetOff(t *testing.T) {
 func TestFloorPercent(t *testing.T) {
 	const mib = 1 << 20
 	for _, c := range []struct {
-		st    gcCycleStats
-		floor int64
-		want  int
+		st   gcCycleStats
+		want int
 	}{
-		{gcCycleStats{}, 32 * mib, gcPercentMax},
-		{gcCycleStats{live: 1 * mib}, 32 * mib, gcPercentMax}, // 3100 would make the heap minimum 124 MiB
-		{gcCycleStats{live: 3 * mib, stacks: mib / 2, globals: mib / 2}, 32 * mib, 725},
-		{gcCycleStats{live: 3 * mib}, 32 * mib, gcPercentMax}, // the heap minimum, 32 MiB, is the goal
-		{gcCycleStats{live: 2 * mib, stacks: mib / 2, globals: mib / 2}, 32 * mib, gcPercentMax},
-		{gcCycleStats{live: 10 * mib}, 32 * mib, 220},
-		{gcCycleStats{live: 4 * mib, stacks: mib / 4, globals: mib / 4}, 32 * mib, 623}, // 622.2 rounded up: the goal is not under the floor
-		{gcCycleStats{live: 16 * mib}, 32 * mib, 100},
-		{gcCycleStats{live: 15 * mib, globals: 2 * mib}, 32 * mib, 100},
-		{gcCycleStats{live: 16*mib - 1}, 32 * mib, 101},
-		{gcCycleStats{live: 200 * mib}, 32 * mib, 100},
-		{gcCycleStats{live: 100 << 10}, 32 * mib, gcPercentMax},
+		{gcCycleStats{}, 800},
+		{gcCycleStats{live: 1 * mib}, 800}, // 3100 would make the heap minimum 124 MiB
+		{gcCycleStats{live: 3 * mib, stacks: mib / 2, globals: mib / 2}, 725},
+		{gcCycleStats{live: 3 * mib}, 800}, // the heap minimum, 32 MiB, is the goal
+		{gcCycleStats{live: 2 * mib, stacks: mib / 2, globals: mib / 2}, 800},
+		{gcCycleStats{live: 10 * mib}, 220},
+		{gcCycleStats{live: 4 * mib, stacks: mib / 4, globals: mib / 4}, 623}, // 622.2 rounded up: the goal is not under the floor
+		{gcCycleStats{live: 16 * mib}, 100},
+		{gcCycleStats{live: 15 * mib, globals: 2 * mib}, 100},
+		{gcCycleStats{live: 16*mib - 1}, 101},
+		{gcCycleStats{live: 200 * mib}, 100},
+		{gcCycleStats{live: 100 << 10}, 800},
 	} {
-		got := floorPercent(c.st, c.floor)
+		got := floorPercent(c.st)
 		if got != c.want {
-			t.Errorf("floorPercent(%+v, %d) = %d, want %d", c.st, c.floor, got, c.want)
+			t.Errorf("floorPercent(%+v) = %d, want %d", c.st, got, c.want)
 		}
 		base := c.st.live + c.st.stacks + c.st.globals
 		goal := max(c.st.live+base*int64(got)/100, runtimeHeapMinimum*int64(got)/100) // the runtime's goal
-		if goal > c.floor+base && got > 100 {
+		if goal > GCFloor+base && got > 100 {
 			t.Errorf("floorPercent(%+v) = %d: goal %d past the floor", c.st, got, goal)
 		}
-		if base > 0 && got < gcPercentMax && goal < c.floor {
+		if goal < GCFloor {
 			t.Errorf("floorPercent(%+v) = %d: goal %d under the floor", c.st, got, goal)
 		}
 	}
@@ -172,7 +171,7 @@ func TestGCFloorTuner(t *testing.T) {
 	live := int64(2 * mib)
 	var set []int
 	gogc := 75 // the operator's, say, before the floor
-	tu := newGCFloor(32*mib, func() gcCycleStats { return gcCycleStats{live: live} }, func(p int) int {
+	tu := newGCFloor(func() gcCycleStats { return gcCycleStats{live: live} }, func(p int) int {
 		set = append(set, p)
 		old := gogc
 		gogc = p
@@ -182,7 +181,7 @@ func TestGCFloorTuner(t *testing.T) {
 	tu.tune()
 	live = 40 * mib
 	tu.tune()
-	if want := []int{gcPercentMax, 100}; !slices.Equal(set, want) {
+	if want := []int{800, 100}; !slices.Equal(set, want) {
 		t.Fatalf("GOGC set %v, want %v", set, want)
 	}
 	tu.Stop()
@@ -218,7 +217,7 @@ func TestGCFloorEachCycle(t *testing.T) {
 		t.Skip("GOGC is set: the test needs the default collector")
 	}
 	before := gogcNow()
-	tu := newGCFloor(GCFloor, lastCycle, debug.SetGCPercent)
+	tu := newGCFloor(lastCycle, debug.SetGCPercent)
 	tu.arm() // no tune first: the first set comes from a cycle
 	defer tu.Stop()
 	waitGOGC := func(ok func(int) bool, what string) {
@@ -250,4 +249,27 @@ func TestGCFloorEachCycle(t *testing.T) {
 	if p := gogcNow(); p != before {
 		t.Fatalf("GOGC after Stop = %d, want %d", p, before)
 	}
+}
+
+// TestStartGCFloorOnce (drain/memory.go): GOGC is the process's, so a
+// second StartGCFloor while one runs starts nothing, and one may start again
+// after Stop.
+func TestStartGCFloorOnce(t *testing.T) {
+	if os.Getenv("GOGC") != "" {
+		t.Skip("GOGC is set: StartGCFloor keeps it")
+	}
+	first := StartGCFloor(nil)
+	if first == nil || first.Percent() <= 100 {
+		t.Fatalf("StartGCFloor = %v, GOGC %d: want a floor above 100 for this small heap", first, first.Percent())
+	}
+	if second := StartGCFloor(nil); second != nil {
+		second.Stop()
+		t.Fatal("a second StartGCFloor started while one runs")
+	}
+	first.Stop()
+	again := StartGCFloor(nil)
+	if again == nil {
+		t.Fatal("StartGCFloor after Stop started nothing")
+	}
+	again.Stop()
 }
