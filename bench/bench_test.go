@@ -55,7 +55,7 @@ func TestBenchQuick(t *testing.T) {
 		"| shaper ", "| x/time/rate ", "| uber ratelimit ", "| uber WithoutSlack ", "| time.Ticker ",
 		"| shaper lane, 1e6/s, no-op sink ", "| nats.go Consume + Ack (ceiling) ", "CPU share of ceiling",
 		"### The same at 100/s", "### The same at 10,000/s", "vs x/time/rate",
-		"shaper's lane vs Consume + x/time/rate + Ack",
+		"shaper's lane vs Consume + x/time/rate + Ack", "### The judged ratio: paired runs", "(median of 2 pairs;",
 		"## 7. CPU per departure against clock_nanosleep", "| clock_nanosleep ", "| clock_nanosleep raw ",
 		"shaper vs the issue's clock_nanosleep loop", "CPU hog on the other core",
 		"## 11. HTTP sink at 5,000/s", "| shaper lane, HTTP sink ", "| bare net/http loop ",

@@ -172,6 +172,71 @@ func (res *Results) runFixed(ctx context.Context, env *natsEnv, retry func(func(
 		} else {
 			res.fixedAt = append(res.fixedAt, fixedRun{rate: fr, rows: rows})
 		}
+		// The ratio the issue judges, lane against x/time/rate, from
+		// back-to-back runs in alternating order: the first pass runs the
+		// lane first, on a stream just filled, and each row once, minutes
+		// of other load apart (x/time/rate's row moved from 194 to 127 µs
+		// between two full runs here, the ratio from 0.83 to 1.49 ×).
+		lane, x := rowNamed(rows, cs[0].name), xrateRow(rows)
+		if lane == nil || x == nil {
+			continue
+		}
+		pp := cpuPairs{rate: fr, lane: []time.Duration{lane.cpuPerMsg}, xrate: []time.Duration{x.cpuPerMsg}}
+		for rep := range res.plan.fixedPairs {
+			order := []int{2, 0} // x/time/rate first, then the lane
+			if rep%2 == 1 {
+				order = []int{0, 2}
+			}
+			var got [2]endToEnd
+			for _, j := range order {
+				r := retry(cs[j].run)
+				if r.err != nil {
+					res.problems = append(res.problems, fmt.Sprintf("fixed rate %s/s pair %d %s: %v", fmtInt(fr), rep+1, r.name, r.err))
+				}
+				got[j/2] = r
+			}
+			if got[0].err == nil && got[1].err == nil {
+				pp.lane = append(pp.lane, got[0].cpuPerMsg)
+				pp.xrate = append(pp.xrate, got[1].cpuPerMsg)
+			}
+			logf("fixed rate %6.0f/s pair %d: lane %s µs/msg, x/time/rate %s µs/msg", fr, rep+1, fmtUs(got[0].cpuPerMsg), fmtUs(got[1].cpuPerMsg))
+		}
+		res.pairs = append(res.pairs, pp)
+	}
+	return nil
+}
+
+// cpuPairs is section 4's judged ratio at one rate: the lane's and
+// Consume + x/time/rate + Ack's CPU per message (process total), index by
+// index one pair of runs: the first pass, then plan.fixedPairs repeats run
+// back to back in alternating order.
+type cpuPairs struct {
+	rate        float64
+	lane, xrate []time.Duration
+}
+
+// ratios are the pairs' lane ÷ x/time/rate; a pair whose x/time/rate run
+// measured no CPU is left out.
+func (p cpuPairs) ratios() []float64 {
+	out := make([]float64, 0, len(p.lane))
+	for i := range p.lane {
+		if p.xrate[i] > 0 {
+			out = append(out, float64(p.lane[i])/float64(p.xrate[i]))
+		}
+	}
+	return out
+}
+
+// median is the median of the pairs' ratios (0 with none): of the ratios,
+// not the ratio of the medians, so that each pair's shared load cancels.
+func (p cpuPairs) median() float64 { return medianOf(p.ratios()) }
+
+// rowNamed is the row called name among rows (nil: none).
+func rowNamed(rows []endToEnd, name string) *endToEnd {
+	for i := range rows {
+		if rows[i].name == name {
+			return &rows[i]
+		}
 	}
 	return nil
 }

@@ -285,3 +285,25 @@ func TestJoinClosest(t *testing.T) {
 		t.Fatal("a join of different counts")
 	}
 }
+
+// TestCPUPairsMedian: section 4's judged ratio is the median of the pairs'
+// ratios, not the ratio of the medians, and a pair whose x/time/rate run
+// measured nothing is left out.
+func TestCPUPairsMedian(t *testing.T) {
+	us := time.Microsecond
+	p := cpuPairs{rate: 1000,
+		lane:  []time.Duration{189 * us, 150 * us, 100 * us, 120 * us},
+		xrate: []time.Duration{127 * us, 160 * us, 110 * us, 0}}
+	if got := len(p.ratios()); got != 3 {
+		t.Fatalf("%d ratios, want 3 (the pair with x/time/rate at 0 left out)", got)
+	}
+	if got, want := p.median(), 150.0/160; math.Abs(got-want) > 1e-9 {
+		t.Errorf("median %.4f, want %.4f (ratios 1.49, 0.94, 0.91; the ratio of the medians would be 1.18)", got, want)
+	}
+	if got := medianOf([]time.Duration{4, 1, 3, 2}); got != 2 {
+		t.Errorf("median of 1..4 = %v, want 2 (the mean of the middle two, in ns)", got)
+	}
+	if got := (cpuPairs{}).median(); got != 0 {
+		t.Errorf("no pairs: %v, want 0", got)
+	}
+}

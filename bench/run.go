@@ -58,6 +58,7 @@ type plan struct {
 	thrReps     int
 	fixedRate   float64
 	fixedMsgs   int           // messages of the fixed-rate stream (section 4)
+	fixedPairs  int           // section 4's paired repeats of the lane and x/time/rate at each rate (e2e.go)
 	memMsgs     int           // bucket of section 5, synthetic messages
 	memJSMsgs   int           // bucket of section 5, messages fetched from JetStream
 	largeMsgs   int           // section 5's large-payload cell, messages of 512 KiB
@@ -76,6 +77,7 @@ func planFor(quick bool) plan {
 		thrReps:     5,
 		fixedRate:   1000,
 		fixedMsgs:   5000,
+		fixedPairs:  4,
 		memMsgs:     100_000,
 		memJSMsgs:   100_000,
 		largeMsgs:   400, // 200 MiB, 20 s at 20/s
@@ -89,6 +91,7 @@ func planFor(quick bool) plan {
 		p.thrMsgs = 10_000
 		p.thrReps = 1
 		p.fixedMsgs = 1100
+		p.fixedPairs = 1
 		p.memJSMsgs = 10_000
 		p.largeMsgs = 40
 		p.cpuCell = 300 * time.Millisecond
@@ -110,6 +113,7 @@ type Results struct {
 	thr       []thrRow
 	fixed     []endToEnd // section 4 at plan.fixedRate
 	fixedAt   []fixedRun // section 4 at the other rates (e2e.go)
+	pairs     []cpuPairs // section 4's paired repeats, by rate (e2e.go)
 	mem       []memoryRow
 	large     []largeRow   // section 5's large-payload cells
 	cpu       []cpuCell    // section 7

@@ -51,7 +51,13 @@ import (
 // wrong>"; the config is then nil, and the warnings found so far are still
 // returned. Error messages never contain the value of an ${ENV} reference.
 // A file that cannot be read or parsed returns a plain error.
-func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
+//
+// Options: [SecretsOptional].
+func Load(path string, flags *pflag.FlagSet, opts ...LoadOption) (*Config, []Warning, error) {
+	var lo loadOptions
+	for _, o := range opts {
+		o(&lo)
+	}
 	v := viper.New()
 	path, raw, haveFile, warns, err := readFile(v, path)
 	if err != nil {
@@ -82,7 +88,7 @@ func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 	}
 
 	c := decodeSettings(p, withoutLanes(v.AllSettings(), phantoms))
-	expandSecrets(p, c)
+	warns = append(warns, expandSecrets(p, c, lo.secretsOptional)...)
 	fillDerived(c)
 	warns = append(warns, validate(c, p)...)
 	p.attribute(origin)
@@ -91,6 +97,20 @@ func Load(path string, flags *pflag.FlagSet) (*Config, []Warning, error) {
 	}
 	return c, warns, nil
 }
+
+// LoadOption changes what Load asks of the file and the environment.
+type LoadOption func(*loadOptions)
+
+type loadOptions struct{ secretsOptional bool }
+
+// SecretsOptional is for commands that read a lane's rules and reach no
+// NATS server, Redis or downstream (shaper simulate): a ${NAME} reference
+// whose variable is unset or empty is a warning that names the key and the
+// variable, instead of a problem, and the rules on that key are skipped
+// (its value keeps the ${NAME} text). A malformed reference is still a
+// problem. The daemon and shaper validate never use it: there an unset
+// secret is an error (rule 7).
+func SecretsOptional() LoadOption { return func(o *loadOptions) { o.secretsOptional = true } }
 
 // readFile reads the config file at path (DefaultPath when empty) into v
 // and returns the path read and its bytes. A missing default file is a

@@ -1050,3 +1050,42 @@ downstreams:
 		t.Errorf("error %v, want nats.url's port named, without the password", err)
 	}
 }
+
+// TestLoad_SecretsOptional: for a command that reaches no server (shaper
+// simulate), an unset ${NAME} in a secret key is a warning naming the key
+// and the variable, and the key's own rules (a URL that must parse) are not
+// judged on the ${NAME} text; a malformed reference is still a problem, and
+// without the option the unset one is too (rule 7).
+func TestLoad_SecretsOptional(t *testing.T) {
+	text := laneYAML("", `sink: {kind: http, url: "${SHAPER_TEST_UNSET_URL}", headers: {Authorization: "Bearer ${SHAPER_TEST_UNSET_TOKEN}"}}`)
+	path := writeConfig(t, text)
+	c, warns, err := config.Load(path, nil, config.SecretsOptional())
+	if err != nil {
+		t.Fatalf("Load with SecretsOptional: %v", err)
+	}
+	if got := c.Downstreams["payments"].Rate.Limit; got.Interval() <= 0 {
+		t.Errorf("rate.limit %v: the lane's rules did not load", got)
+	}
+	for _, key := range []string{lanePfx + "sink.url", lanePfx + "sink.headers.authorization"} {
+		found := false
+		for _, w := range warns {
+			if w.Key == key && strings.Contains(w.Message, "${SHAPER_TEST_UNSET_") && strings.Contains(w.Message, "left unexpanded") {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no warning for %s: %v", key, warns)
+		}
+	}
+	if _, _, err := config.Load(path, nil); err == nil {
+		t.Error("Load without the option: no error for the unset variables")
+	} else {
+		requireProblem(t, err, lanePfx+"sink.url", "${SHAPER_TEST_UNSET_URL}")
+	}
+	bad := writeConfig(t, laneYAML("", `sink: {kind: http, url: "http://${1BAD}/cb"}`))
+	if _, _, err := config.Load(bad, nil, config.SecretsOptional()); err == nil {
+		t.Error("a malformed reference loaded with SecretsOptional")
+	} else {
+		requireProblem(t, err, lanePfx+"sink.url")
+	}
+}

@@ -17,11 +17,20 @@ var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 // expandSecrets replaces ${NAME} references by the environment in the keys
 // that may hold secrets, and remembers the original text so messages and
 // Redacted never show the expanded value.
-func expandSecrets(p *problems, c *Config) {
+//
+// With optional (SecretsOptional), a reference to an unset or empty
+// variable is a warning instead, and the key's own rules are skipped: the
+// key keeps its ${NAME} text.
+func expandSecrets(p *problems, c *Config, optional bool) (warns []Warning) {
 	c.templates = map[string]string{}
 	expand := func(key string, s *string) {
 		out, changed, err := expandEnv(*s)
-		if err != nil {
+		var unset *unsetEnvError
+		switch {
+		case err != nil && optional && errors.As(err, &unset):
+			p.failed[key] = true // its rules would judge the ${NAME} text
+			warns = append(warns, Warning{Key: key, Message: err.Error() + ": not needed by this command, left unexpanded"})
+		case err != nil:
 			p.fail(key, err.Error())
 		}
 		if changed {
@@ -51,7 +60,14 @@ func expandSecrets(p *problems, c *Config) {
 		c.Downstreams[name] = l
 	}
 	expandSigning(c, expand) // config/signing.go
+	return warns
 }
+
+// unsetEnvError is expandEnv's error for references to variables that are
+// unset or empty (as opposed to a malformed reference).
+type unsetEnvError struct{ msg string }
+
+func (e *unsetEnvError) Error() string { return e.msg }
 
 // expandEnv replaces each ${NAME} in s by the value of the environment
 // variable NAME. changed reports whether s holds any reference. The error
@@ -92,7 +108,7 @@ func expandEnv(s string) (out string, changed bool, err error) {
 		for i, n := range missing {
 			refs[i] = "${" + n + "}"
 		}
-		return s, true, fmt.Errorf("environment variable referenced by %s is not set (or empty)", strings.Join(refs, ", "))
+		return s, true, &unsetEnvError{fmt.Sprintf("environment variable referenced by %s is not set (or empty)", strings.Join(refs, ", "))}
 	}
 	return b.String(), true, nil
 }

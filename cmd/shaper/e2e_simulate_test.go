@@ -67,7 +67,8 @@ func TestE2ESimulateMatchesDaemon(t *testing.T) {
 }
 
 // TestSimulateCommand: the command prints the table and the summary, writes
-// the SVG, and exits 2 on bad usage or an unknown lane.
+// the SVG, runs without the sink's secrets (a warning each), and exits 2 on
+// bad usage or an unknown lane.
 func TestSimulateCommand(t *testing.T) {
 	cfg := writeFile(t, "config.yaml", `
 downstreams:
@@ -90,6 +91,21 @@ downstreams:
 	}
 	if b, err := os.ReadFile(svg); err != nil || !strings.HasPrefix(string(b), "<svg") {
 		t.Errorf("svg: %v", err)
+	}
+	// The sink's secrets need not be set: simulate reaches no downstream.
+	secret := writeFile(t, "secret.yaml", `
+downstreams:
+  p:
+    source: { stream: S, subjects: ["a.>"] }
+    rate: { limit: 10/s }
+    sink: { kind: http, url: "${SHAPERTEST_SIM_UNSET_URL}", headers: { authorization: "Bearer ${SHAPERTEST_SIM_UNSET_TOKEN}" } }
+`)
+	out.Reset()
+	errb.Reset()
+	if code := run([]string{"simulate", "-c", secret, "--lane", "p", "--burst", "5"}, &out, &errb); code != exitOK {
+		t.Errorf("simulate with unset sink secrets: exit %d: %s", code, errb.String())
+	} else if !strings.Contains(errb.String(), "${SHAPERTEST_SIM_UNSET_TOKEN} is not set") || !strings.Contains(out.String(), "delivered 5") {
+		t.Errorf("simulate with unset sink secrets: stderr %q, stdout %q", errb.String(), out.String())
 	}
 	for _, args := range [][]string{
 		{"simulate", "-c", cfg, "--lane", "nope", "--burst", "5"},

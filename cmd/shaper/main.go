@@ -69,9 +69,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // load reads and validates the config, printing warnings; an invalid config
 // is an exitError with code 2 listing every problem.
-func load(cmd *cobra.Command, stderr io.Writer) (*config.Config, []config.Warning, error) {
+func load(cmd *cobra.Command, stderr io.Writer, opts ...config.LoadOption) (*config.Config, []config.Warning, error) {
 	path, _ := cmd.Flags().GetString("config")
-	cfg, warns, err := config.Load(path, cmd.Flags())
+	cfg, warns, err := config.Load(path, cmd.Flags(), opts...)
 	if err != nil {
 		// The problems first, under their header, then the warnings: the
 		// problems are what stops the command (a new-user pass read the

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/simulate"
 )
 
@@ -46,7 +47,8 @@ departures and bucket depth over time.`,
 			if (trickle > 0) != (dur > 0) {
 				return usage("--trickle RATE and --for D go together")
 			}
-			cfg, _, err := load(cmd, stderr)
+			// simulate reaches no server: the sink's secrets need not be set.
+			cfg, _, err := load(cmd, stderr, config.SecretsOptional())
 			if err != nil {
 				return err
 			}
