@@ -83,6 +83,9 @@ func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status 
 	// as a header, it would make the dead letter's Key the original key.
 	delete(h, shaper.ReplayOfHeader)
 	h[HeaderSubject] = []string{m.Subject}
+	if id, ok := orig[shaper.MsgIDHeader]; ok && len(orig[shaper.OrigMsgIDHeader]) == 0 {
+		h[shaper.OrigMsgIDHeader] = id // the publisher's; a replay's is already there
+	}
 	h[shaper.MsgIDHeader] = []string{deadLetterID(l.name, m)} // the NATS sink publishes under dm.Key()
 	dm := *m
 	dm.Header = h

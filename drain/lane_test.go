@@ -385,6 +385,9 @@ func TestLanePermanentFailureDeadLetters(t *testing.T) {
 		if got := dl[0].header[HeaderLastError]; len(got) != 1 || got[0] == "" {
 			t.Errorf("header %s missing", HeaderLastError)
 		}
+		if got, ok := dl[0].header[shaper.OrigMsgIDHeader]; ok {
+			t.Errorf("header %s = %v on a job published without a Nats-Msg-Id, want none", shaper.OrigMsgIDHeader, got)
+		}
 		if n := h.src.Count("termed"); n != 1 {
 			t.Errorf("%d termed, want 1", n)
 		}
@@ -396,6 +399,35 @@ func TestLanePermanentFailureDeadLetters(t *testing.T) {
 		}
 		if got := testutil.ToFloat64(h.m.DeadLetters[shaper.ReasonRejectedBySink]); got != 1 {
 			t.Errorf("dead_letters{rejected_by_sink} = %v", got)
+		}
+	})
+}
+
+// TestLaneDeadLetterKeepsPublisherID: a dead letter travels under an id of
+// its own, and keeps the job's Nats-Msg-Id as Shaper-Msg-Id, which a replay
+// carries and the HTTP sink sends as X-Nats-Msg-Id; a replay's dead letter
+// keeps the publisher's, not the replay's.
+func TestLaneDeadLetterKeepsPublisherID(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink := &recSink{behave: func(c call) (time.Duration, error) {
+			return 0, &shaper.SinkError{Status: 400, Permanent: true}
+		}}
+		h := newHarness(t, laneConfig(100), sink)
+		h.src.PublishHeaders(map[string][]string{shaper.MsgIDHeader: {"order-7"}},
+			map[string][]string{shaper.MsgIDHeader: {"replay/DEAD/3"}, shaper.KeyHeader: {"order-8"},
+				shaper.ReplayOfHeader: {"3"}, shaper.OrigMsgIDHeader: {"order-8"}})
+		h.lane.Start()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		h.stop(time.Second)
+		dl := h.dead.snapshot()
+		if len(dl) != 2 {
+			t.Fatalf("%d dead letters, want 2", len(dl))
+		}
+		for i, want := range []string{"order-7", "order-8"} {
+			if got := dl[i].header[shaper.OrigMsgIDHeader]; len(got) != 1 || got[0] != want {
+				t.Errorf("dead letter %d: %s = %v, want [%s]", i, shaper.OrigMsgIDHeader, got, want)
+			}
 		}
 	})
 }

@@ -106,6 +106,12 @@ const KeyHeader = "Shaper-Key"
 // letter it came from.
 const ReplayOfHeader = "Shaper-Replay-Of"
 
+// OrigMsgIDHeader carries, on a dead letter and on its replay, the
+// Nats-Msg-Id the job was first published with: the dead letter and the
+// replay travel under ids of their own, and the HTTP sink sends this one
+// as X-Nats-Msg-Id, so a receiver sees the publisher's id on a replay too.
+const OrigMsgIDHeader = "Shaper-Msg-Id"
+
 // SubjectHeader carries a dead letter's original subject, so that a replay
 // does not depend on the source stream still holding the message.
 const SubjectHeader = "Shaper-Subject"

@@ -508,12 +508,25 @@ func redactEcho(body []byte, req *http.Request) []byte {
 // forwardNATSHeaders copies the job's NATS headers into h as X-Nats-<Name>,
 // skipping NATS's own headers (except Nats-Msg-Id) and those HTTP cannot
 // carry.
+//
+// A replayed dead letter travels under a Nats-Msg-Id of its own
+// (sources.DeadLetters.Replay); its X-Nats-Msg-Id is the one the job was
+// first published with (shaper.OrigMsgIDHeader), or none when it had none.
 func (s *HTTP) forwardNATSHeaders(h http.Header, m *shaper.Message) {
 	ctTried := false
+	_, replay := m.HeaderValue(shaper.ReplayOfHeader)
 	for name, v := range m.HeaderPairs() { // packed or not (ReadsPackedHeaders)
 		var key string
 		switch {
 		case strings.EqualFold(name, shaper.MsgIDHeader):
+			if replay {
+				continue
+			}
+			key = NATSHeaderPrefix + "Msg-Id"
+		case strings.EqualFold(name, shaper.OrigMsgIDHeader):
+			if !replay {
+				continue // set by shaper on dead letters and replays only
+			}
 			key = NATSHeaderPrefix + "Msg-Id"
 		case hasPrefixFold(name, "Nats-"):
 			continue

@@ -299,6 +299,30 @@ func TestHTTPRequest(t *testing.T) {
 			},
 		},
 		{
+			// A replayed dead letter travels under an id of its own; the
+			// receiver sees the publisher's (shaper.OrigMsgIDHeader).
+			name: "replayed dead letter",
+			header: map[string][]string{"Nats-Msg-Id": {"replay/SHAPER_DEAD/12"}, "Shaper-Msg-Id": {"order-7"},
+				"Shaper-Key": {"order-7"}, "Shaper-Replay-Of": {"12"}},
+			wantKey: "order-7",
+			wantHeader: map[string][]string{
+				"X-Nats-Msg-Id":           {"order-7"},
+				"X-Nats-Shaper-Msg-Id":    nil,
+				"X-Nats-Shaper-Replay-Of": {"12"},
+				"X-Nats-Shaper-Key":       {"order-7"},
+			},
+		},
+		{
+			// Shaper-Msg-Id means something on a replay only.
+			name:    "Shaper-Msg-Id without a replay",
+			header:  map[string][]string{"Nats-Msg-Id": {"order-8"}, "Shaper-Msg-Id": {"forged"}},
+			wantKey: "order-8",
+			wantHeader: map[string][]string{
+				"X-Nats-Msg-Id":        {"order-8"},
+				"X-Nats-Shaper-Msg-Id": nil,
+			},
+		},
+		{
 			name: "without Nats-Msg-Id",
 			header: map[string][]string{
 				"trace-id":             {"abc"},

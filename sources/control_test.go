@@ -132,6 +132,7 @@ func TestDeadLettersReplay(t *testing.T) {
 		dl := &nats.Msg{Subject: "shaper.dead.pay", Data: []byte(key), Header: nats.Header{}}
 		dl.Header.Set(shaper.MsgIDHeader, "pay/"+key)
 		dl.Header.Set(shaper.KeyHeader, key)
+		dl.Header.Set(shaper.OrigMsgIDHeader, key) // as drain's dead letters carry it
 		dl.Header.Set(shaper.SubjectHeader, orig.Subject)
 		dl.Header.Set("X-Tenant", "acme")
 		dl.Header.Set(dlReason, reason)
@@ -169,8 +170,9 @@ func TestDeadLettersReplay(t *testing.T) {
 		m := &shaper.Message{Header: map[string][]string(raw.Header)}
 		want := fmt.Sprintf("order-%d", seq-6)
 		if m.Key() != want || raw.Subject != fmt.Sprintf("jobs.pay.%d", seq-6) || raw.Header.Get("X-Tenant") != "acme" ||
-			raw.Header.Get(shaper.ReplayOfHeader) == "" || raw.Header.Get(dlReason) != "" {
-			t.Errorf("replay %d: subject %s key %q headers %v; want key %s, the original headers, no dead-letter headers",
+			raw.Header.Get(shaper.ReplayOfHeader) == "" || raw.Header.Get(dlReason) != "" ||
+			raw.Header.Get(shaper.OrigMsgIDHeader) != want {
+			t.Errorf("replay %d: subject %s key %q headers %v; want key %s, the original headers and Nats-Msg-Id (Shaper-Msg-Id), no dead-letter headers",
 				seq, raw.Subject, m.Key(), raw.Header, want)
 		}
 	}

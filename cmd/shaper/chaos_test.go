@@ -234,6 +234,28 @@ func TestChaosNATSServerRestart(t *testing.T) {
 	} else {
 		t.Logf("/readyz not ready %s after the stop: %q", c.at.Sub(stopped).Round(time.Millisecond), c.body)
 	}
+	// The operator's commands answer at once while NATS is down: a view
+	// with the last dead-letter count, a write refused with 503 and
+	// nothing changed (a new-user pass found 5 s for each).
+	for _, c := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"lanes"}, exitOK},
+		{[]string{"pause", chaosLaneName, "--for", "1m"}, exitFailure},
+		{[]string{"dead-letters", "list", chaosLaneName}, exitFailure},
+	} {
+		t0 := time.Now()
+		out, code := operate(t, r.bin, r.admin, c.args...)
+		took := time.Since(t0)
+		t.Logf("shaper %v while NATS is down: exit %d in %s", c.args, code, took.Round(time.Millisecond))
+		if code != c.code || took > 1500*time.Millisecond {
+			t.Errorf("shaper %v while NATS is down: exit %d in %s, want %d within 1.5 s (%q)", c.args, code, took, c.code, out)
+		}
+	}
+	if v := laneView(t, r.bin, r.admin, chaosLaneName); v.State == "paused" {
+		t.Errorf("lane %s paused by a pause refused while NATS was down: %+v", chaosLaneName, v)
+	}
 	time.Sleep(3*time.Second - time.Since(stopped))
 	r.nats.Start()
 	restarted := time.Now()

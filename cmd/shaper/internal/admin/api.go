@@ -72,6 +72,10 @@ var (
 	ErrBadRequest = errors.New("bad request")
 	// ErrConflict: the request cannot apply in the lane's state (409).
 	ErrConflict = errors.New("conflict")
+	// ErrUnavailable: what the request needs is not reachable now, such
+	// as the NATS server while the daemon reconnects (503): nothing was
+	// changed, ask again.
+	ErrUnavailable = errors.New("unavailable")
 )
 
 // Lanes is what the admin API asks of the running daemon.
@@ -205,6 +209,8 @@ func (a api) answer(w http.ResponseWriter, v any, err error) {
 		writeError(w, http.StatusBadRequest, err)
 	case errors.Is(err, ErrConflict):
 		writeError(w, http.StatusConflict, err)
+	case errors.Is(err, ErrUnavailable):
+		writeError(w, http.StatusServiceUnavailable, err)
 	default:
 		writeError(w, http.StatusInternalServerError, err)
 	}
