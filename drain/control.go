@@ -134,20 +134,72 @@ func (l *Lane) wakeDepartures() {
 	}
 }
 
-// Purge moves every message the lane holds whose stream sequence is at most
-// upTo to the dead letter with reason purged, and does the same with every
-// such message it receives later (what its consumer still had pending, and
-// redeliveries). It returns how many it took from the bucket. Messages in
-// flight finish their attempt.
-func (l *Lane) Purge(upTo uint64) int {
-	for cur := l.purgeUpTo.Load(); upTo > cur && !l.purgeUpTo.CompareAndSwap(cur, upTo); cur = l.purgeUpTo.Load() {
+// PurgeMark is what an operator's purge covers (SPEC §3 Operator control):
+// the messages of Stream up to stream sequence UpTo that the stream stored
+// no later than Before (the server's time of that last message). Stream and
+// Before keep a purge from reaching a stream that was recreated, or another
+// stream the lane was moved to, whose sequences start again at 1: a purge
+// recorded by sequence alone dead-lettered the new messages up to the old
+// sequence (found reading the docs against the code: the lane recreates a
+// lost stream itself). An empty Stream is any stream and a zero Before any
+// time (records of earlier versions); a message whose source gives no
+// publish time is judged by its sequence.
+type PurgeMark struct {
+	Stream string
+	UpTo   uint64
+	Before time.Time
+}
+
+// Covers reports whether m falls under p.
+func (p PurgeMark) Covers(m *shaper.Message) bool {
+	switch {
+	case p.UpTo == 0 || m.StreamSeq > p.UpTo:
+		return false
+	case p.Stream != "" && m.Stream != p.Stream:
+		return false
+	case !p.Before.IsZero() && !m.Published.IsZero() && m.Published.After(p.Before):
+		return false
+	}
+	return true
+}
+
+// Merge is p followed by a later purge q: q's alone when it is of another
+// stream (the lane moved), else the later sequence and time of the two.
+func (p PurgeMark) Merge(q PurgeMark) PurgeMark {
+	if p.UpTo == 0 || p.Stream != q.Stream {
+		return q
+	}
+	if q.Before.After(p.Before) {
+		p.Before = q.Before
+	}
+	p.UpTo = max(p.UpTo, q.UpTo)
+	return p
+}
+
+// Purge moves every message the lane holds that mark covers to the dead
+// letter with reason purged, and does the same with every such message it
+// receives later (what its consumer still had pending, and redeliveries).
+// A mark merges with the lane's earlier ones (PurgeMark.Merge). It returns
+// how many it took from the bucket. Messages in flight finish their
+// attempt.
+func (l *Lane) Purge(mark PurgeMark) int {
+	for {
+		cur := l.purgeMark.Load()
+		next := mark
+		if cur != nil {
+			next = cur.Merge(mark)
+		}
+		if l.purgeMark.CompareAndSwap(cur, &next) {
+			mark = next
+			break
+		}
 	}
 	// The removal and the queueing of its dead letters happen under l.mu:
 	// the removal frees slots and wakes the fetch loop, whose admissions of
 	// messages under the purge queue theirs through l.purge, which takes
 	// l.mu too, and so come after these (the stream's order).
 	l.mu.Lock()
-	removed, empty := l.bucket.RemoveIf(func(m *shaper.Message) bool { return m.StreamSeq <= upTo })
+	removed, empty := l.bucket.RemoveIf(mark.Covers)
 	if empty {
 		l.pacer.SetBusy(time.Now(), false)
 	}
@@ -158,14 +210,17 @@ func (l *Lane) Purge(upTo uint64) int {
 	}
 	l.m.BucketDepth.Set(float64(l.bucket.Len()))
 	if len(removed) > 0 {
-		l.log.Info("lane purged by operator", "dead_lettered", len(removed), "up_to_stream_seq", upTo)
+		l.log.Info("lane purged by operator", "dead_lettered", len(removed), "stream", mark.Stream, "up_to_stream_seq", mark.UpTo)
 	}
 	return len(removed)
 }
 
 // purged reports whether m falls under a purge. Every admission asks, so it
-// takes no lock (purgeUpTo only grows).
-func (l *Lane) purged(m *shaper.Message) bool { return m.StreamSeq <= l.purgeUpTo.Load() }
+// takes no lock.
+func (l *Lane) purged(m *shaper.Message) bool {
+	p := l.purgeMark.Load()
+	return p != nil && p.Covers(m)
+}
 
 // purge dead-letters ms with reason purged, one after the other in the
 // order they were purged (the bucket's order, then arrival): a replay of

@@ -94,7 +94,7 @@ func TestLanePurge(t *testing.T) {
 		if d := h.lane.Status(time.Now()).Depth; d != 20 {
 			t.Fatalf("depth %d before the purge, want the full bucket (20)", d)
 		}
-		if n := h.lane.Purge(30); n != 20 {
+		if n := h.lane.Purge(PurgeMark{UpTo: 30}); n != 20 {
 			t.Errorf("Purge took %d from the bucket, want 20", n)
 		}
 		time.Sleep(time.Second)
@@ -201,4 +201,45 @@ func TestLaneRetryAfterPauseEndIsLogged(t *testing.T) {
 			t.Errorf("%d lines say the Retry-After pause ended, want 1:\n%s", n, logs.String())
 		}
 	})
+}
+
+// TestPurgeMark: a purge covers its stream's messages up to its sequence
+// that the stream stored by its time; a recreated stream (sequences from 1
+// again, stored later) and another stream are not covered; records of
+// earlier versions (no stream, no time) are judged by the sequence; a later
+// purge of the same stream raises both, one of another stream replaces it.
+func TestPurgeMark(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	p := PurgeMark{Stream: "JOBS", UpTo: 300, Before: t0}
+	msg := func(stream string, seq uint64, pub time.Time) *shaper.Message {
+		return &shaper.Message{Stream: stream, StreamSeq: seq, Published: pub}
+	}
+	for _, c := range []struct {
+		name string
+		mark PurgeMark
+		m    *shaper.Message
+		want bool
+	}{
+		{"under it", p, msg("JOBS", 300, t0), true},
+		{"redelivered later, stored before", p, msg("JOBS", 1, t0.Add(-time.Hour)), true},
+		{"after its sequence", p, msg("JOBS", 301, t0.Add(time.Second)), false},
+		{"recreated stream: low sequence, stored after", p, msg("JOBS", 5, t0.Add(time.Millisecond)), false},
+		{"another stream", p, msg("OTHER", 5, t0.Add(-time.Hour)), false},
+		{"no publish time: by sequence", p, msg("JOBS", 5, time.Time{}), true},
+		{"a record of an earlier version", PurgeMark{UpTo: 300}, msg("OTHER", 5, t0.Add(time.Hour)), true},
+		{"no purge", PurgeMark{}, msg("JOBS", 0, time.Time{}), false},
+	} {
+		if got := c.mark.Covers(c.m); got != c.want {
+			t.Errorf("%s: Covers = %v, want %v", c.name, got, c.want)
+		}
+	}
+	if got := p.Merge(PurgeMark{Stream: "JOBS", UpTo: 400, Before: t0.Add(time.Minute)}); got.UpTo != 400 || !got.Before.Equal(t0.Add(time.Minute)) {
+		t.Errorf("a later purge of the same stream: %+v, want 400 and its time", got)
+	}
+	if got := p.Merge(PurgeMark{Stream: "JOBS", UpTo: 100, Before: t0.Add(-time.Minute)}); got.UpTo != 300 || !got.Before.Equal(t0) {
+		t.Errorf("an older record applied again: %+v, want the mark unchanged", got)
+	}
+	if got := p.Merge(PurgeMark{Stream: "NEW", UpTo: 7, Before: t0}); got.Stream != "NEW" || got.UpTo != 7 {
+		t.Errorf("a purge of another stream: %+v, want it alone", got)
+	}
 }

@@ -83,8 +83,15 @@ func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status 
 	// as a header, it would make the dead letter's Key the original key.
 	delete(h, shaper.ReplayOfHeader)
 	h[HeaderSubject] = []string{m.Subject}
-	if id, ok := orig[shaper.MsgIDHeader]; ok && len(orig[shaper.OrigMsgIDHeader]) == 0 {
-		h[shaper.OrigMsgIDHeader] = id // the publisher's; a replay's is already there
+	// The publisher's Nats-Msg-Id, for the HTTP sink's X-Nats-Msg-Id on a
+	// replay. A replay carries it already (or none: the job had none), and
+	// its own Nats-Msg-Id is the replay's; on any other job the header is
+	// the publisher's id, whatever the job carried under that name.
+	if _, replay := m.HeaderValue(shaper.ReplayOfHeader); !replay {
+		delete(h, shaper.OrigMsgIDHeader)
+		if id, ok := orig[shaper.MsgIDHeader]; ok {
+			h[shaper.OrigMsgIDHeader] = id
+		}
 	}
 	h[shaper.MsgIDHeader] = []string{deadLetterID(l.name, m)} // the NATS sink publishes under dm.Key()
 	dm := *m

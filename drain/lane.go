@@ -89,18 +89,18 @@ type Lane struct {
 	// lastDeparture is the time of the previous departure (gap metric);
 	// only the departure loop touches it.
 	lastDeparture time.Time
-	global        *globalState      // rate.global (WithGlobal); nil = local only
-	hold          *Hold             // an operator's pause (control.go); nil = none
-	purgeUpTo     atomic.Uint64     // messages up to this stream sequence are purged
-	purgeQ        []*shaper.Message // purged, waiting for their dead letter in order
-	purging       bool              // a goroutine works through purgeQ
-	pauseLogged   time.Time         // the end of the last pause whose end was logged
-	brk           laneBreaker       // task.breaker (breaker.go)
-	deadlines     atomic.Bool       // a message with a Shaper-Deadline was admitted (timing.go)
-	dedup         laneDedup         // sink.dedup_window (dedup.go)
-	adapt         laneAdaptive      // rate.adaptive (adaptive.go)
-	quota         laneQuota         // rate.quota (quota.go)
-	standby       laneStandby       // source.standby (standby.go)
+	global        *globalState              // rate.global (WithGlobal); nil = local only
+	hold          *Hold                     // an operator's pause (control.go); nil = none
+	purgeMark     atomic.Pointer[PurgeMark] // an operator's purge (control.go); nil = none
+	purgeQ        []*shaper.Message         // purged, waiting for their dead letter in order
+	purging       bool                      // a goroutine works through purgeQ
+	pauseLogged   time.Time                 // the end of the last pause whose end was logged
+	brk           laneBreaker               // task.breaker (breaker.go)
+	deadlines     atomic.Bool               // a message with a Shaper-Deadline was admitted (timing.go)
+	dedup         laneDedup                 // sink.dedup_window (dedup.go)
+	adapt         laneAdaptive              // rate.adaptive (adaptive.go)
+	quota         laneQuota                 // rate.quota (quota.go)
+	standby       laneStandby               // source.standby (standby.go)
 
 	fetchStop  chan struct{} // closed: stop fetching
 	fetchDone  chan struct{} // closed when the fetch loop returned

@@ -413,21 +413,28 @@ func TestLaneDeadLetterKeepsPublisherID(t *testing.T) {
 			return 0, &shaper.SinkError{Status: 400, Permanent: true}
 		}}
 		h := newHarness(t, laneConfig(100), sink)
-		h.src.PublishHeaders(map[string][]string{shaper.MsgIDHeader: {"order-7"}},
+		h.src.PublishHeaders(map[string][]string{shaper.MsgIDHeader: {"order-7"}, shaper.OrigMsgIDHeader: {"forged"}},
 			map[string][]string{shaper.MsgIDHeader: {"replay/DEAD/3"}, shaper.KeyHeader: {"order-8"},
-				shaper.ReplayOfHeader: {"3"}, shaper.OrigMsgIDHeader: {"order-8"}})
+				shaper.ReplayOfHeader: {"3"}, shaper.OrigMsgIDHeader: {"order-8"}},
+			// A replay of a job published without a Nats-Msg-Id: its dead
+			// letter gets none, not the replay's id.
+			map[string][]string{shaper.MsgIDHeader: {"replay/DEAD/4"}, shaper.KeyHeader: {"MEM:9"},
+				shaper.ReplayOfHeader: {"4"}})
 		h.lane.Start()
 		time.Sleep(time.Second)
 		synctest.Wait()
 		h.stop(time.Second)
 		dl := h.dead.snapshot()
-		if len(dl) != 2 {
-			t.Fatalf("%d dead letters, want 2", len(dl))
+		if len(dl) != 3 {
+			t.Fatalf("%d dead letters, want 3", len(dl))
 		}
 		for i, want := range []string{"order-7", "order-8"} {
 			if got := dl[i].header[shaper.OrigMsgIDHeader]; len(got) != 1 || got[0] != want {
 				t.Errorf("dead letter %d: %s = %v, want [%s]", i, shaper.OrigMsgIDHeader, got, want)
 			}
+		}
+		if got, ok := dl[2].header[shaper.OrigMsgIDHeader]; ok {
+			t.Errorf("dead letter of a replay of a job without a Nats-Msg-Id: %s = %v, want none", shaper.OrigMsgIDHeader, got)
 		}
 	})
 }

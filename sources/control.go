@@ -26,6 +26,13 @@ type LaneControl struct {
 	// dead-letters every message up to it as purged, also when it is
 	// redelivered later.
 	PurgeUpTo uint64 `json:"purge_up_to,omitempty"`
+	// PurgeStream is the stream PurgeUpTo counts in, and PurgeBefore the
+	// server's time of its message PurgeUpTo: a purge covers only what that
+	// stream stored by then (drain.PurgeMark), not a recreated stream's
+	// new messages nor another stream's. Empty in records of earlier
+	// versions, which are judged by the sequence alone.
+	PurgeStream string    `json:"purge_stream,omitempty"`
+	PurgeBefore time.Time `json:"purge_before,omitzero"`
 	// ResumedAt is the last operator's resume, which also closes an open
 	// breaker on every replica.
 	ResumedAt time.Time `json:"resumed_at,omitzero"`

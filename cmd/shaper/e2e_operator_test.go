@@ -280,6 +280,38 @@ func TestE2EPurge(t *testing.T) {
 		t.Errorf("%d of 10 published after the purge delivered", n)
 	}
 	waitConsumerSettled(t, js, l.stream, "shaper-ops", 10*time.Second)
+
+	// The stream is lost and the lane recreates it: its sequences start
+	// again at 1, under the purge's 300, and the purge must not reach them
+	// (drain.PurgeMark: only what that stream stored by the purge).
+	if err := js.DeleteStream(ctx, l.stream); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(15 * time.Second)
+	for {
+		if _, err := js.Stream(ctx, l.stream); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the lane did not recreate stream %s within 15 s", l.stream)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i := range 20 {
+		if _, err := js.Publish(ctx, l.subject(), []byte("recreated")); err != nil {
+			t.Fatal(err, i)
+		}
+	}
+	deadline = time.Now().Add(15 * time.Second)
+	for down.distinctDelivered() < 30 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := down.distinctDelivered() - 10; n != 20 {
+		t.Errorf("%d of 20 published to the recreated stream delivered (sequences 1-20, under the purge's 300)", n)
+	}
+	if n, _ := dl.Count(ctx); n != 300 {
+		t.Errorf("%d dead letters after the stream was recreated, want the purge's 300", n)
+	}
 }
 
 // TestE2EAdminToken: with admin.token set, a write without the token is
@@ -307,7 +339,7 @@ func TestE2EAdminToken(t *testing.T) {
 	if code, out := cli("lanes", "-o", "json"); code != 0 || !strings.Contains(out, `"state": "running"`) {
 		t.Errorf("lanes without the token: exit %d, %q; want the lane running", code, out)
 	}
-	t.Setenv(adminTokenEnv, "wrong")
+	t.Setenv(adminTokenEnv, "wrong-tok-55")
 	if code, _ := cli("resume", "ops"); code != exitFailure {
 		t.Errorf("resume with a wrong token: exit %d, want 1", code)
 	}
@@ -361,5 +393,10 @@ func TestE2EAdminToken(t *testing.T) {
 	}
 	if strings.Contains(td.logs.String(), "tok-7f3a9c") {
 		t.Error("the admin token appears in the daemon's logs")
+	}
+	// The writes refused for want of the token are logged (the pause and
+	// the wrong token's resume above), without what they sent.
+	if n := strings.Count(td.logs.String(), "admin API write refused"); n != 2 || strings.Contains(td.logs.String(), "wrong-tok-55") {
+		t.Errorf("%d refused writes logged, want 2 (pause without a token, resume with a wrong one), and never the token sent", n)
 	}
 }

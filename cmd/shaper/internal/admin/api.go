@@ -144,6 +144,8 @@ func (a api) write(h http.HandlerFunc) http.HandlerFunc {
 		if a.token != "" {
 			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(a.token)) != 1 {
+				// Logged too, with the caller's address, never what it sent.
+				a.log.Warn("admin API write refused: no valid admin.token", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
 				w.Header().Set("WWW-Authenticate", `Bearer realm="shaper"`)
 				writeError(w, http.StatusUnauthorized, errors.New("write endpoints need Authorization: Bearer <admin.token>"))
 				return

@@ -68,6 +68,11 @@ func (d *Daemon) applyStored(name string, l *drain.Lane) {
 	}
 }
 
+// purgeMark is the purge lc records.
+func purgeMark(lc sources.LaneControl) drain.PurgeMark {
+	return drain.PurgeMark{Stream: lc.PurgeStream, UpTo: lc.PurgeUpTo, Before: lc.PurgeBefore}
+}
+
 // applyTo makes l follow lc: hold or resume, and purge up to its watermark.
 func applyTo(l *drain.Lane, lc sources.LaneControl) {
 	now := time.Now()
@@ -77,7 +82,7 @@ func applyTo(l *drain.Lane, lc sources.LaneControl) {
 		l.Resume()
 	}
 	if lc.PurgeUpTo > 0 {
-		l.Purge(lc.PurgeUpTo)
+		l.Purge(purgeMark(lc))
 	}
 }
 
@@ -312,10 +317,14 @@ func (d *Daemon) Purge(ctx context.Context, name string) (admin.PurgeResult, err
 		return admin.PurgeResult{}, err
 	}
 	res := admin.PurgeResult{UpToSeq: info.State.LastSeq}
+	mark := drain.PurgeMark{Stream: info.Config.Name, UpTo: info.State.LastSeq, Before: info.State.LastTime}
 	// This replica first, so that the answer counts what its bucket held;
 	// then the record, which the others (and a restart) apply.
-	res.Held = rec.lane.Purge(res.UpToSeq)
-	if _, err := d.control.Update(ctx, name, func(lc *sources.LaneControl) { lc.PurgeUpTo = max(lc.PurgeUpTo, res.UpToSeq) }); err != nil {
+	res.Held = rec.lane.Purge(mark)
+	if _, err := d.control.Update(ctx, name, func(lc *sources.LaneControl) {
+		m := purgeMark(*lc).Merge(mark)
+		lc.PurgeUpTo, lc.PurgeStream, lc.PurgeBefore = m.UpTo, m.Stream, m.Before
+	}); err != nil {
 		return res, controlErr(err)
 	}
 	if c, err := d.js.Consumer(ctx, rec.cfg.Source.Stream, rec.cfg.Source.Consumer); err == nil {
