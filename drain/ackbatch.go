@@ -22,7 +22,13 @@ import (
 // the last one sent is sent at once: at such a rate (≤ 1/ackBatchDelay, 100/s)
 // a batch would hold one ack, and its timer would add a wake-up instead of
 // saving one. Otherwise the lane sends the batch:
-//   - ackBatchDelay after the first ack of the batch,
+//   - with the first ack added ackBatchDelay or more after the batch's
+//     first, on the caller (a worker), in line;
+//   - else ackBatchLate after the batch's first, from a timer: the last acks
+//     of a burst. The timer used to send every batch at ackBatchDelay; its
+//     callback runs on a new goroutine whose stack grows on the ack's path
+//     (runtime.newstack → copystack: 17 % of the lane's CPU samples at
+//     100/s, docs/performance.md), where a worker's stack is grown already;
 //   - at once when it holds ackBatchMax acks,
 //   - before every pull request (fetch.go), so that the server counts the
 //     acked messages out of max_ack_pending before it serves the pull,
@@ -30,6 +36,7 @@ import (
 //     closes the connection, case C19).
 const (
 	ackBatchDelay = 10 * time.Millisecond
+	ackBatchLate  = 2 * ackBatchDelay
 	ackBatchMax   = 256
 )
 
@@ -42,11 +49,14 @@ type ackBatch struct {
 	timer *time.Timer
 	armed bool                                         // the timer runs for the batch in q
 	sent  time.Time                                    // when the last ack or batch was sent
+	first time.Time                                    // when the batch's first ack was added
 	send  func(ctx context.Context, m *shaper.Message) // sends one ack (Lane.sendAck)
 }
 
 // add queues m's ack at now (the clock read of the caller), or sends it
-// at once when the last was sent ackBatchDelay or more ago and none waits.
+// at once when the last was sent ackBatchDelay or more ago and none waits;
+// it sends the batch, m's ack last, when the batch's first ack is
+// ackBatchDelay old or the batch is full.
 func (b *ackBatch) add(m *shaper.Message, now time.Time) {
 	b.mu.Lock()
 	if len(b.q) == 0 && now.Sub(b.sent) >= ackBatchDelay {
@@ -57,18 +67,21 @@ func (b *ackBatch) add(m *shaper.Message, now time.Time) {
 		cancel()
 		return
 	}
+	if len(b.q) == 0 {
+		b.first = now
+	}
 	b.q = append(b.q, m)
-	full := len(b.q) >= ackBatchMax
-	if !full && !b.armed {
+	due := len(b.q) >= ackBatchMax || now.Sub(b.first) >= ackBatchDelay
+	if !due && !b.armed {
 		b.armed = true
 		if b.timer == nil {
-			b.timer = time.AfterFunc(ackBatchDelay, b.flush)
+			b.timer = time.AfterFunc(ackBatchLate, b.flush)
 		} else {
-			b.timer.Reset(ackBatchDelay)
+			b.timer.Reset(ackBatchLate)
 		}
 	}
 	b.mu.Unlock()
-	if full {
+	if due {
 		b.flush()
 	}
 }

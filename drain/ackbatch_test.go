@@ -14,8 +14,9 @@ import (
 
 // TestAckBatchTiming: an ack that follows the last one sent by
 // ackBatchDelay or more is sent at once; the acks that come sooner are sent
-// together, in order, ackBatchDelay after the first of them; a full batch
-// is sent at once.
+// together, in order, by the first ack added ackBatchDelay or more after the
+// batch's first (on the caller), or, when none comes, ackBatchLate after it
+// (the timer); a full batch is sent at once.
 func TestAckBatchTiming(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var mu sync.Mutex
@@ -53,22 +54,43 @@ func TestAckBatchTiming(t *testing.T) {
 			}
 		}
 		d := ackBatchDelay
-		b.add(msg(1), time.Now()) // the first: nothing sent for ackBatchDelay
+		b.add(msg(1), time.Now()) // sent at once; the next ones wait
 		check("first ack", sent{1, 0})
 		time.Sleep(d / 4)
 		b.add(msg(2), time.Now())
 		time.Sleep(d / 2)
 		b.add(msg(3), time.Now())
-		time.Sleep(d/2 - time.Nanosecond)
-		check("before the batch's delay", sent{1, 0})
+		// No ack comes after them: the timer sends them, ackBatchLate
+		// after the batch's first.
+		late := d/4 + ackBatchLate
+		time.Sleep(late - d/4*3 - time.Nanosecond)
+		check("before the timer", sent{1, 0})
 		time.Sleep(time.Nanosecond)
-		check("at the batch's delay", sent{1, 0}, sent{2, d / 4 * 5}, sent{3, d / 4 * 5})
+		s123 := []sent{{1, 0}, {2, late}, {3, late}}
+		check("at the timer", s123...)
+		// A batch whose first ack is ackBatchDelay old leaves with the ack
+		// that finds it so, at that instant, on the caller.
+		time.Sleep(d / 2)
+		b.add(msg(4), time.Now()) // the last batch left d/2 ago: it waits
+		time.Sleep(d - time.Nanosecond)
+		b.add(msg(5), time.Now())
+		check("a batch younger than ackBatchDelay", s123...)
+		time.Sleep(time.Nanosecond)
+		at := late + d/2 + d
+		b.add(msg(6), time.Now())
+		mu.Lock()
+		if len(got) != 6 { // sent by the add itself, no timer, no wait
+			t.Errorf("the batch was not sent in line by the ack that found it ackBatchDelay old: %v", got)
+		}
+		mu.Unlock()
+		s1to6 := append(s123, sent{4, at}, sent{5, at}, sent{6, at})
+		check("in line", s1to6...)
 		// Sparse acks (one per ackBatchDelay) each leave at once.
 		time.Sleep(d)
-		b.add(msg(4), time.Now())
+		b.add(msg(7), time.Now())
 		time.Sleep(d)
-		b.add(msg(5), time.Now())
-		check("sparse acks", sent{1, 0}, sent{2, d / 4 * 5}, sent{3, d / 4 * 5}, sent{4, d/4*5 + d}, sent{5, d/4*5 + 2*d})
+		b.add(msg(8), time.Now())
+		check("sparse acks", append(s1to6, sent{7, at + d}, sent{8, at + 2*d})...)
 		// A full batch leaves at once, without waiting for the timer.
 		mu.Lock()
 		got = got[:0]
