@@ -182,6 +182,11 @@ func (res *Results) runFixed(ctx context.Context, env *natsEnv, retry func(func(
 			continue
 		}
 		pp := cpuPairs{rate: fr, lane: []time.Duration{lane.cpuPerMsg}, xrate: []time.Duration{x.cpuPerMsg}}
+		// The first pass ran the lane first; the pairs start with
+		// x/time/rate, so that an odd plan.fixedPairs gives each order as
+		// many runs: the first run of a pair costs more here (at 100/s
+		// the lane-first ratios were 1.96, 1.59, 1.41 and the
+		// x/time/rate-first ones 1.18, 1.15; docs/performance.md).
 		for rep := range res.plan.fixedPairs {
 			order := []int{2, 0} // x/time/rate first, then the lane
 			if rep%2 == 1 {

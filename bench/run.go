@@ -77,7 +77,7 @@ func planFor(quick bool) plan {
 		thrReps:     5,
 		fixedRate:   1000,
 		fixedMsgs:   5000,
-		fixedPairs:  4,
+		fixedPairs:  5, // with the first pass (lane first), 3 runs of each order
 		memMsgs:     100_000,
 		memJSMsgs:   100_000,
 		largeMsgs:   400, // 200 MiB, 20 s at 20/s
