@@ -292,9 +292,7 @@ func TestRedisLeasesAt10k(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		probe.mu.Lock()
-		got = append(got, probe.sync.serverMicros(s))
-		probe.mu.Unlock()
+		got = append(got, serverMicros(probe, s))
 	}
 	ivUS := float64(iv) / float64(time.Microsecond)
 	for i := 1; i < len(got); i++ {
