@@ -243,3 +243,30 @@ func TestPurgeMark(t *testing.T) {
 		t.Errorf("a purge of another stream: %+v, want it alone", got)
 	}
 }
+
+// TestDeadLetterID: the dead letter's Nats-Msg-Id tells apart two jobs under
+// one key from a recreated stream (the same "<stream>:<seq>", published at
+// different times), which the dead-letter stream's duplicate window would
+// otherwise store once and the second lost; the same job again keeps its
+// id; a replay's dead letter has an id of its own.
+func TestDeadLetterID(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 13, 0, 0, 0, time.UTC)
+	first := &shaper.Message{Stream: "CALLBACKS", StreamSeq: 1, Published: t0}
+	again := &shaper.Message{Stream: "CALLBACKS", StreamSeq: 1, Published: t0}
+	recreated := &shaper.Message{Stream: "CALLBACKS", StreamSeq: 1, Published: t0.Add(30 * time.Second)}
+	replay := &shaper.Message{Stream: "CALLBACKS", StreamSeq: 9, Published: t0,
+		Header: map[string][]string{shaper.KeyHeader: {"CALLBACKS:1"}, shaper.ReplayOfHeader: {"4"}}}
+	id := deadLetterID("payments", first)
+	if id != deadLetterID("payments", again) {
+		t.Errorf("the same job dead-lettered again: %q and %q, want one id", id, deadLetterID("payments", again))
+	}
+	if id == deadLetterID("payments", recreated) {
+		t.Errorf("two jobs of a recreated stream under key %s share the id %q: the second dead letter would be dropped", first.Key(), id)
+	}
+	if r := deadLetterID("payments", replay); r == id || !strings.HasSuffix(r, "/replay-4") {
+		t.Errorf("a replay's dead letter id %q, want its own, ending /replay-4", r)
+	}
+	if got := deadLetterID("payments", &shaper.Message{Stream: "S", StreamSeq: 2}); got != "payments/S:2" {
+		t.Errorf("no publish time: %q, want payments/S:2", got)
+	}
+}

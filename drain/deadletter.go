@@ -32,13 +32,23 @@ const (
 // and it has no Shaper-Last-Status.
 const notAttempted = -1
 
-// deadLetterID is the Nats-Msg-Id of m's dead letter: "<lane>/<key>", and
-// for a replayed message "<lane>/<key>/replay-<dead-letter seq>". A replay
-// deletes the first dead letter, but the dead-letter stream's duplicate
-// window still remembers its id: a second dead letter of the same key under
-// the same id would be acknowledged as a duplicate and stored nowhere.
+// deadLetterID is the Nats-Msg-Id of m's dead letter:
+// "<lane>/<key>@<publish time, Unix ns>", and for a replayed message
+// "…/replay-<dead-letter seq>" after it (no "@…" when the source gives no
+// publish time). The dead-letter stream's duplicate window remembers an id
+// for minutes, and a second dead letter under the same id is acknowledged
+// as a duplicate and stored nowhere, while the original is terminated: lost
+// (G4). The same message dead-lettered again (a redelivery after a term
+// that failed) keeps its id, and is rightly stored once. But a replay
+// deletes the first dead letter and may fail again (hence the replay
+// suffix), and a key is not unique across a stream that was recreated:
+// "<stream>:<seq>" starts again at 1 (a new-user pass lost a rejected job
+// that way, under a second job's identical key; hence the publish time).
 func deadLetterID(lane string, m *shaper.Message) string {
 	id := lane + "/" + m.Key()
+	if !m.Published.IsZero() {
+		id += "@" + strconv.FormatInt(m.Published.UnixNano(), 10)
+	}
 	if v, ok := m.HeaderValue(shaper.ReplayOfHeader); ok {
 		id += "/replay-" + v
 	}

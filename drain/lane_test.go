@@ -377,8 +377,8 @@ func TestLanePermanentFailureDeadLetters(t *testing.T) {
 			HeaderLastStatus: "400", HeaderStream: "MEM", HeaderStreamSeq: "2",
 			// Two lanes may dead-letter the same key: the dead letter's own
 			// id names the lane, or the stream would drop one as a duplicate.
-			HeaderKey: "MEM:2", shaper.MsgIDHeader: "test/MEM:2"} {
-			if got := dl[0].header[k]; len(got) != 1 || got[0] != want {
+			HeaderKey: "MEM:2", shaper.MsgIDHeader: "test/MEM:2@"} {
+			if got := dl[0].header[k]; len(got) != 1 || got[0] != want && !(k == shaper.MsgIDHeader && strings.HasPrefix(got[0], want)) {
 				t.Errorf("header %s = %v, want %q", k, got, want)
 			}
 		}

@@ -347,6 +347,10 @@ func TestE2EAdminToken(t *testing.T) {
 	if code, out := cli("pause", "ops", "--for", "1m"); code != 0 || !strings.Contains(out, "paused") {
 		t.Errorf("pause with the token: exit %d, %q", code, out)
 	}
+	// Lane names are lower-cased, as in the config.
+	if code, out := cli("resume", "OPS"); code != 0 || !strings.Contains(out, "ops   running") {
+		t.Errorf("resume OPS (the lane ops): exit %d, %q", code, out)
+	}
 	if code, out := cli("pause", "nosuch"); code != exitFailure || !strings.Contains(out, "404") {
 		t.Errorf("pause of an unknown lane: exit %d, %q; want 1 and 404", code, out)
 	}

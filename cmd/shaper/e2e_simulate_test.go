@@ -102,7 +102,7 @@ downstreams:
 `)
 	out.Reset()
 	errb.Reset()
-	if code := run([]string{"simulate", "-c", secret, "--lane", "p", "--burst", "5"}, &out, &errb); code != exitOK {
+	if code := run([]string{"simulate", "-c", secret, "--lane", "P", "--burst", "5"}, &out, &errb); code != exitOK { // lane names are lower-cased
 		t.Errorf("simulate with unset sink secrets: exit %d: %s", code, errb.String())
 	} else if !strings.Contains(errb.String(), "${SHAPERTEST_SIM_UNSET_TOKEN} is not set") || !strings.Contains(out.String(), "delivered 5") {
 		t.Errorf("simulate with unset sink secrets: stderr %q, stdout %q", errb.String(), out.String())

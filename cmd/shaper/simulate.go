@@ -52,6 +52,7 @@ departures and bucket depth over time.`,
 			if err != nil {
 				return err
 			}
+			lane = strings.ToLower(lane) // as the config loader lower-cases lane names
 			lc, ok := cfg.Downstreams[lane]
 			if !ok {
 				names := make([]string, 0, len(cfg.Downstreams))

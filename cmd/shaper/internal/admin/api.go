@@ -102,12 +102,12 @@ func (a api) routes(mux *http.ServeMux) {
 		writeJSON(w, http.StatusOK, a.b.Lanes(r.Context()))
 	})
 	mux.HandleFunc("GET /v1/lanes/{lane}", func(w http.ResponseWriter, r *http.Request) {
-		v, err := a.b.Lane(r.Context(), r.PathValue("lane"))
+		v, err := a.b.Lane(r.Context(), laneName(r))
 		a.answer(w, v, err)
 	})
 	mux.HandleFunc("POST /v1/lanes/{lane}/pause", a.write(a.pause))
 	mux.HandleFunc("POST /v1/lanes/{lane}/resume", a.write(func(w http.ResponseWriter, r *http.Request) {
-		a.answerLane(w, r, a.b.Resume(r.Context(), r.PathValue("lane")))
+		a.answerLane(w, r, a.b.Resume(r.Context(), laneName(r)))
 	}))
 	mux.HandleFunc("GET /v1/lanes/{lane}/dead-letters", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
@@ -116,12 +116,12 @@ func (a api) routes(mux *http.ServeMux) {
 			writeError(w, http.StatusBadRequest, err)
 			return
 		}
-		list, err := a.b.DeadLetters(r.Context(), r.PathValue("lane"), f)
+		list, err := a.b.DeadLetters(r.Context(), laneName(r), f)
 		a.answer(w, list, err)
 	})
 	mux.HandleFunc("POST /v1/lanes/{lane}/dead-letters/replay", a.write(a.replay))
 	mux.HandleFunc("POST /v1/lanes/{lane}/purge", a.write(func(w http.ResponseWriter, r *http.Request) {
-		res, err := a.b.Purge(r.Context(), r.PathValue("lane"))
+		res, err := a.b.Purge(r.Context(), laneName(r))
 		a.answer(w, res, err)
 	}))
 	// Errors are JSON everywhere under /v1/ (SPEC §6), also for a path or a
@@ -136,6 +136,11 @@ func (a api) routes(mux *http.ServeMux) {
 		writeError(w, http.StatusNotFound, fmt.Errorf("no endpoint %s (see docs/admin-api.md)", r.URL.Path))
 	})
 }
+
+// laneName is the request's {lane}, lower-cased as the config loader
+// lower-cases lane names (a new-user pass: "shaper pause PAYMENTS" was a
+// 404 for the lane its config calls Payments).
+func laneName(r *http.Request) string { return strings.ToLower(r.PathValue("lane")) }
 
 // write guards a write endpoint with the bearer token (when one is set),
 // compared in constant time.
@@ -169,7 +174,7 @@ func (a api) pause(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	a.answerLane(w, r, a.b.Pause(r.Context(), r.PathValue("lane"), d, req.Reason))
+	a.answerLane(w, r, a.b.Pause(r.Context(), laneName(r), d, req.Reason))
 }
 
 func (a api) replay(w http.ResponseWriter, r *http.Request) {
@@ -187,7 +192,7 @@ func (a api) replay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.Limit = req.Max
-	n, err := a.b.Replay(r.Context(), r.PathValue("lane"), f)
+	n, err := a.b.Replay(r.Context(), laneName(r), f)
 	a.answer(w, map[string]int{"replayed": n}, err)
 }
 
@@ -197,7 +202,7 @@ func (a api) answerLane(w http.ResponseWriter, r *http.Request, err error) {
 		a.answer(w, nil, err)
 		return
 	}
-	v, err := a.b.Lane(r.Context(), r.PathValue("lane"))
+	v, err := a.b.Lane(r.Context(), laneName(r))
 	a.answer(w, v, err)
 }
 
