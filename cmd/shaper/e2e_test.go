@@ -350,7 +350,11 @@ downstreams:
 // TestDemoRunsClean: `shaper demo` shapes a burst and a trickle into its rigid
 // downstream with nothing lost and no 429 (SPEC §5). The demo starts its
 // downstream as a child of its own executable, so it runs as the built binary.
-// It gets a second try on failure, reported in the log.
+// It gets a second try on failure, reported in the log. The burst keeps a
+// backlog for 10 s, the window of SPEC G1's long-run rate that the demo's
+// 99.5 % rule judges: with a burst of 300 (3.4 s of backlog) one CI run
+// failed both attempts at 98.8 and 99.4 %, 17 ms of lateness being 0.5 % of
+// that span (and 50 ms of 10 s).
 func TestDemoRunsClean(t *testing.T) {
 	bin := buildShaper(t)
 	const attempts = 2
@@ -358,7 +362,7 @@ func TestDemoRunsClean(t *testing.T) {
 	for i := 1; i <= attempts; i++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		start := time.Now()
-		out, err := exec.CommandContext(ctx, bin, "demo", "--burst", "300", "--trickle-rate", "20", "--trickle-for", "2s").CombinedOutput()
+		out, err := exec.CommandContext(ctx, bin, "demo", "--burst", "1000", "--trickle-rate", "20", "--trickle-for", "2s").CombinedOutput()
 		cancel()
 		text := string(out)
 		if err == nil && strings.Contains(text, "result: OK") && strings.Contains(text, "429s 0") {
