@@ -97,7 +97,7 @@ func (l *Lane) deadLetter(m *shaper.Message, reason string, cause error, status 
 	// replay. A replay carries it already (or none: the job had none), and
 	// its own Nats-Msg-Id is the replay's; on any other job the header is
 	// the publisher's id, whatever the job carried under that name.
-	if _, replay := m.HeaderValue(shaper.ReplayOfHeader); !replay {
+	if _, replay := orig[shaper.ReplayOfHeader]; !replay { // the map in hand, not a second scan
 		delete(h, shaper.OrigMsgIDHeader)
 		if id, ok := orig[shaper.MsgIDHeader]; ok {
 			h[shaper.OrigMsgIDHeader] = id
