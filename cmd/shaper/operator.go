@@ -33,6 +33,9 @@ type operatorClient struct {
 	token  string
 	output string // table|json
 	stdout io.Writer
+	// guessed, when not empty, says that base is the default admin.listen
+	// because no config named the daemon: the hint of a failed connection.
+	guessed string
 }
 
 // addOperatorFlags adds --admin, -c and -o.
@@ -48,6 +51,7 @@ func newOperatorClient(cmd *cobra.Command, stdout, stderr io.Writer) (*operatorC
 		return nil, &exitError{code: exitUsage, err: fmt.Errorf("-o: want table or json, got %q", out)}
 	}
 	base, _ := cmd.Flags().GetString("admin")
+	guessed := ""
 	if base == "" {
 		path, _ := cmd.Flags().GetString("config")
 		explicit := path != ""
@@ -57,6 +61,9 @@ func newOperatorClient(cmd *cobra.Command, stdout, stderr io.Writer) (*operatorC
 		listen, err := config.AdminListen(path, explicit)
 		if err != nil {
 			return nil, &exitError{code: exitUsage, err: fmt.Errorf("shaper: -c %s: %w (or name the daemon with --admin URL)", path, err)}
+		}
+		if _, serr := os.Stat(path); serr != nil && !explicit && os.Getenv("SHAPER_ADMIN_LISTEN") == "" {
+			guessed = fmt.Sprintf(" (the default admin.listen: there is no %s here; name the daemon's config with -c FILE or its admin URL with --admin)", path)
 		}
 		host, port, err := net.SplitHostPort(listen)
 		if err != nil {
@@ -72,7 +79,7 @@ func newOperatorClient(cmd *cobra.Command, stdout, stderr io.Writer) (*operatorC
 	if u, err := url.Parse(base); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 		return nil, &exitError{code: exitUsage, err: fmt.Errorf("--admin: want a URL such as http://127.0.0.1:9464, got %q", base)}
 	}
-	return &operatorClient{base: strings.TrimRight(base, "/"), token: os.Getenv(adminTokenEnv), output: out, stdout: stdout}, nil
+	return &operatorClient{base: strings.TrimRight(base, "/"), token: os.Getenv(adminTokenEnv), output: out, stdout: stdout, guessed: guessed}, nil
 }
 
 // call sends a request and decodes a 200 answer into out; an error answer
@@ -96,7 +103,7 @@ func (c *operatorClient) call(method, path string, body, out any) error {
 	hc := &http.Client{Timeout: time.Minute}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return &exitError{code: exitFailure, err: fmt.Errorf("shaper: admin API at %s: %w", c.base, err)}
+		return &exitError{code: exitFailure, err: fmt.Errorf("shaper: admin API at %s%s: %w", c.base, c.guessed, err)}
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
@@ -246,6 +253,10 @@ func deadLettersCmd(stdout, stderr io.Writer) *cobra.Command {
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		// "dead-letters foo -c x": the subcommands' flags are unknown here,
+		// and cobra's "unknown shorthand flag: 'c'" hid the real mistake
+		// (no list or replay); Args names it.
+		FParseErrWhitelist: cobra.FParseErrWhitelist{UnknownFlags: true},
 	}
 	filterFlags := func(cmd *cobra.Command, limitName string) {
 		cmd.Flags().String("reason", "", "only this reason (e.g. max_deliver)")

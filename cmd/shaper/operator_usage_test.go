@@ -1,20 +1,62 @@
 package main
 
 import (
+	"net"
 	"strings"
 	"testing"
+
+	"github.com/shaper-dev/shaper/config"
 )
 
 // TestOperatorUnknownSubcommand: "shaper dead-letters frob LANE" is a usage
 // error (exit 2, README: "2 usage"), not the help and exit 0 that a script
-// would take for success; "shaper dead-letters" alone prints the help.
+// would take for success, also when a subcommand's flag follows
+// ("dead-letters payments -c config.yaml"); "shaper dead-letters" alone
+// prints the help.
 func TestOperatorUnknownSubcommand(t *testing.T) {
 	var out, errb strings.Builder
 	if code := run([]string{"dead-letters", "frob", "payments"}, &out, &errb); code != exitUsage || !strings.Contains(errb.String(), `"frob"`) {
 		t.Errorf("dead-letters frob: exit %d, stderr %q; want 2 naming the command", code, errb.String())
 	}
+	// A subcommand's flag after a wrong word names the word, not the flag.
+	errb.Reset()
+	if code := run([]string{"dead-letters", "payments", "-c", "config.yaml"}, &out, &errb); code != exitUsage || !strings.Contains(errb.String(), `"payments" (list or replay)`) {
+		t.Errorf("dead-letters payments -c: exit %d, stderr %q; want 2 naming the word", code, errb.String())
+	}
 	out.Reset()
 	if code := run([]string{"dead-letters"}, &out, &errb); code != exitOK || !strings.Contains(out.String(), "replay") {
 		t.Errorf("dead-letters alone: exit %d, %q; want the help, exit 0", code, out.String())
+	}
+}
+
+// TestOperatorDefaultAdminHint: with no config here and no --admin, the
+// operator commands try the default admin.listen; when nothing answers
+// there, the error says the address was a default and how to name the
+// daemon (a new user ran "shaper lanes" in another directory and saw only
+// "connection refused" on 127.0.0.1:9464).
+func TestOperatorDefaultAdminHint(t *testing.T) {
+	t.Chdir(t.TempDir())
+	t.Setenv("SHAPER_ADMIN_LISTEN", "")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	var out, errb strings.Builder
+	// --admin named: no hint.
+	if code := run([]string{"lanes", "--admin", addr}, &out, &errb); code != exitFailure || strings.Contains(errb.String(), "default admin.listen") {
+		t.Errorf("lanes --admin: exit %d, stderr %q; want 1 without the hint", code, errb.String())
+	}
+	if c, err := net.Dial("tcp", config.DefaultAdminListen); err == nil {
+		c.Close()
+		t.Logf("something listens on %s (a daemon of this machine): the default's hint is not checked", config.DefaultAdminListen)
+		return
+	}
+	errb.Reset()
+	code := run([]string{"lanes"}, &out, &errb)
+	if code != exitFailure || !strings.Contains(errb.String(), "the default admin.listen: there is no ./config.yaml here") ||
+		!strings.Contains(errb.String(), "--admin") {
+		t.Errorf("lanes with no config: exit %d, stderr %q; want 1 with the hint", code, errb.String())
 	}
 }
