@@ -64,8 +64,7 @@ type JetStream struct {
 	active atomic.Bool // standby: this replica holds the pin (standby.go)
 	held   heldSeqs    // handed to the lane, no final verb yet (held.go)
 
-	leaderRepulls atomic.Int64 // pulls re-issued after a 409 "Leadership Change" or a void (tests)
-	lw            leaderWatch  // leaderwatch.go
+	leaderRepulls atomic.Int64 // pulls re-issued after a 409 "Leadership Change" (tests)
 }
 
 // NewJetStream ensures the stream and the consumer exist and returns the
@@ -197,7 +196,6 @@ func (s *JetStream) bind(ctx context.Context) error {
 		s.bound.Store(false)
 		return err
 	}
-	s.watchLeader(c.CachedInfo()) // leaderwatch.go
 	s.cons.Store(&c)
 	s.bound.Store(true)
 	return nil
@@ -306,8 +304,7 @@ func (s *JetStream) Fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 			}
 			continue
 		}
-		if !errors.Is(err, jetstream.ErrConsumerLeadershipChanged) && !errors.Is(err, errLeaderElected) ||
-			changed == leaderChangeRepulls {
+		if !errors.Is(err, jetstream.ErrConsumerLeadershipChanged) || changed == leaderChangeRepulls {
 			return err
 		}
 		changed++
@@ -336,21 +333,18 @@ func (s *JetStream) fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 		}
 		c = s.cons.Load()
 	}
-	var opts []jetstream.FetchOpt
+	opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(FetchExpiry)}
 	if mp := s.js.Conn().MaxPayload(); needsByteBudget(max, mp) { // fetchbytes.go
 		opts = append(opts, jetstream.FetchMaxBytes(pullMaxBytes(mp)))
 	}
-	opts, pullDone, closePull := s.lw.open(opts) // FetchExpiry; leaderwatch.go
 	batch, err := (*c).Fetch(max, s.fetchOpts(opts...)...)
 	if err != nil {
-		closePull()
 		return s.fail(ctx, err)
 	}
 	nc := s.js.Conn()
 	sh := shared{held: &s.held} // shared by the messages of this pull (jsmessage.go)
 	var again []uint64          // redeliveries of messages the lane holds (held.go)
 	for msg := range batch.Messages() {
-		s.lw.received()
 		s.notePin(msg.Headers().Get("Nats-Pin-Id"), nil)
 		m, err := newMessage(msg, nc, &sh, time.Now())
 		if err != nil {
@@ -368,18 +362,9 @@ func (s *JetStream) fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 		s.log.Info("redelivered messages the lane still holds were not admitted twice: their ack wait passed where no in-progress ack reached the server (an outage?); the held copies settle them",
 			"messages", len(again), "first_stream_seq", again[0])
 	}
-	if pullDone != nil && silence409.Load() && errors.Is(batch.Error(), jetstream.ErrConsumerLeadershipChanged) {
-		<-pullDone // tests: as if no 409 had come (leaderwatch.go)
-	}
-	voided := closePull()
-	if err := batch.Error(); err != nil && !endedByBytes(err) && // fetchbytes.go
-		!errors.Is(err, context.DeadlineExceeded) { // the pull's own expiry (leaderwatch.go)
-		if voided {
-			return errLeaderElected // re-issued by Fetch, as a 409
-		}
+	if err := batch.Error(); err != nil && !endedByBytes(err) { // fetchbytes.go
 		s.notePin("", err)
 		if errors.Is(err, jetstream.ErrConsumerLeadershipChanged) {
-			s.lw.changed()
 			return err // re-issued by Fetch; the consumer is still bound
 		}
 		return s.fail(ctx, err)
