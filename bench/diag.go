@@ -21,7 +21,12 @@ type recWaiter struct {
 	late  []time.Duration
 }
 
-func (w *recWaiter) Bind()   { w.inner.Bind() }
+func (w *recWaiter) Bind() { w.inner.Bind() }
+
+// Unwrap returns the waiter it wraps: the lane then runs short tasks in
+// line with a precise one, as without the wrapper (drain.WithWaiter).
+func (w *recWaiter) Unwrap() drain.Waiter { return w.inner }
+
 func (w *recWaiter) Unbind() { w.inner.Unbind() }
 
 func (w *recWaiter) Wait(ctx context.Context, t time.Time, wake <-chan struct{}) (bool, error) {

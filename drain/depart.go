@@ -7,13 +7,12 @@ import (
 	"github.com/shaper-dev/shaper/shaper"
 )
 
-// departLoop releases messages from the bucket at the pacer's times.
-func (l *Lane) departLoop() {
-	defer close(l.departDone)
+// departLoop releases messages from the bucket at the pacer's times, on a
+// pair of goroutines when the lane runs short tasks in line (follower.go):
+// this one leads first, other (nil without the pair) follows.
+func (l *Lane) departLoop(mine, other *follower) {
 	l.waiter.Bind()
-	defer l.waiter.Unbind()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	go func() {
 		select {
 		case <-l.departStop:
@@ -21,41 +20,48 @@ func (l *Lane) departLoop() {
 		case <-ctx.Done():
 		}
 	}()
-	for {
-		// 1. A message at the head (expired ones go to the dead letter
-		// without taking a departure).
-		if !l.awaitHead(ctx) {
-			return
-		}
-		// 2. A free task slot (G5: at most max_in_flight at once).
-		if !l.slots.acquire(ctx) {
-			return
-		}
-		// While the source is disconnected, hold departures: a delivery's
-		// ack could not reach the server, and the message would likely be
-		// delivered again after the reconnect.
-		if !l.awaitConnected(ctx) {
-			l.slots.release()
-			return
-		}
-		// 3. The pacer's time. A pause (Retry-After) wakes the wait.
-		ready, now, scheduled, ok := l.awaitDepartureTime(ctx)
-		if !ok {
-			l.slots.release()
-			return
-		}
-		// 4. Departure, of the first message that has not expired at this
-		// instant (SPEC §3 Max age: after every wait; an expired message
-		// takes no departure slot, the next one leaves in its place).
-		m, empty := l.popDeliverable(now)
-		if m == nil { // all expired (or, cannot happen, popped by another)
-			l.slots.release()
-			continue
-		}
-		l.depart(m, empty, ready, now, scheduled)
-		// 5. After the departure: the shared schedule may reserve ahead.
-		l.prefetchSlots(ctx)
+	if other != nil {
+		go l.departPair(ctx, cancel, other, false)
 	}
+	l.departPair(ctx, cancel, mine, true)
+}
+
+// nextDeparture waits for the next departure and records it: the departed
+// message (its task not started yet) and the departure instant; nil when
+// every message at the head had expired; false when the loop must end.
+func (l *Lane) nextDeparture(ctx context.Context) (*shaper.Message, time.Time, bool) {
+	// 1. A message at the head (expired ones go to the dead letter
+	// without taking a departure).
+	if !l.awaitHead(ctx) {
+		return nil, time.Time{}, false
+	}
+	// 2. A free task slot (G5: at most max_in_flight at once).
+	if !l.slots.acquire(ctx) {
+		return nil, time.Time{}, false
+	}
+	// While the source is disconnected, hold departures: a delivery's
+	// ack could not reach the server, and the message would likely be
+	// delivered again after the reconnect.
+	if !l.awaitConnected(ctx) {
+		l.slots.release()
+		return nil, time.Time{}, false
+	}
+	// 3. The pacer's time. A pause (Retry-After) wakes the wait.
+	ready, now, scheduled, ok := l.awaitDepartureTime(ctx)
+	if !ok {
+		l.slots.release()
+		return nil, time.Time{}, false
+	}
+	// 4. Departure, of the first message that has not expired at this
+	// instant (SPEC §3 Max age: after every wait; an expired message
+	// takes no departure slot, the next one leaves in its place).
+	m, empty := l.popDeliverable(now)
+	if m == nil { // all expired (or, cannot happen, popped by another)
+		l.slots.release()
+		return nil, now, true
+	}
+	l.depart(m, empty, ready, now, scheduled)
+	return m, now, true
 }
 
 // awaitDepartureTime waits until the next message may leave: the breaker
@@ -122,8 +128,8 @@ func (l *Lane) departureAt(now time.Time) time.Time {
 
 // depart records m's departure at now (ready: when the loop was ready;
 // scheduled: when it was due) in the pacer, the breaker and the metrics,
-// and starts its task. empty says the bucket is empty after it. l.mu is
-// held (popDeliverable), and released.
+// and counts its task (the loop starts it: leadDepartures). empty says the
+// bucket is empty after it. l.mu is held (popDeliverable), and released.
 func (l *Lane) depart(m *shaper.Message, empty bool, ready, now, scheduled time.Time) {
 	prev := l.lastDeparture
 	l.lastDeparture = now
@@ -159,7 +165,6 @@ func (l *Lane) depart(m *shaper.Message, empty bool, ready, now, scheduled time.
 	l.m.BucketDepth.Set(float64(l.bucket.Len()))
 	l.m.InFlight.Inc()
 	l.tasks.Add(1)
-	l.startTask(m) // on a worker (workers.go)
 }
 
 // awaitConnected waits while the source reports it is disconnected; false

@@ -49,7 +49,10 @@ func WithMetrics(m *metrics.Lane) Option {
 }
 
 // WithWaiter sets how the departure loop sleeps (default
-// NewPreciseWaiter(); use TimerWaiter{} under synctest).
+// NewPreciseWaiter(); use TimerWaiter{} under synctest). With a
+// PreciseWaiter (Linux) the loop runs short tasks itself (follower.go); a
+// wrapper around one keeps that when it has a method Unwrap() Waiter that
+// returns it.
 func WithWaiter(w Waiter) Option {
 	return optionFunc(func(l *Lane) { l.waiter = w })
 }
@@ -124,6 +127,7 @@ type Lane struct {
 	dlLog   deadLetterLog // rate limit of the dead-letter lines (deadletter_log.go)
 	acks    ackBatch      // acks of successful deliveries, sent together (ackbatch.go)
 	workers workers       // the goroutines that run tasks (workers.go)
+	relay   relay         // the departure loop's pair of goroutines (follower.go)
 
 	mem        *MemoryBudget // the process's soft memory limit (memory.go); nil: none
 	maxPayload atomic.Int64  // the largest payload fetched, bytes (memory.go)
@@ -309,7 +313,8 @@ func (l *Lane) Start() {
 		l.standby = laneStandby{pins: pk, done: make(chan struct{})}
 	}
 	go l.fetchLoop()
-	go l.departLoop()
+	mine, other := l.setupRelay()
+	go l.departLoop(mine, other)
 	go l.houseLoop()
 	if l.standby.pins != nil {
 		go l.pinLoop()

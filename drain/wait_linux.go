@@ -81,11 +81,7 @@ type PreciseWaiter struct {
 	err   error
 	early time.Duration // estimate of the wake-up latency (see earlyQuantile)
 
-	// The kernel's CLOCK_MONOTONIC at the instant base (read together at
-	// Bind): time.Time's monotonic clock is CLOCK_MONOTONIC too, so the two
-	// differ by a constant.
-	base     time.Time
-	baseMono int64
+	clock monoClock // time.Time to CLOCK_MONOTONIC, calibrated at Bind
 
 	// read is the callback of rc.Read, built once: it arms the timer on its
 	// first call (after the poller has reset the fd's readiness, so an expiry
@@ -130,7 +126,7 @@ func (w *PreciseWaiter) Bind() {
 		return
 	}
 	w.fd, w.f, w.rc = fd, f, rc
-	w.calibrate()
+	w.clock.calibrate()
 	if w.read == nil {
 		w.read = w.readTimer
 	}
@@ -148,25 +144,40 @@ func (w *PreciseWaiter) readTimer(fd uintptr) bool {
 		}
 		return false // armed in the future: wait in the poller
 	}
+	return readExpiry(fd, &w.buf, &w.readErr) // false: woken before the expiry, wait again
+}
+
+// readExpiry reads a timerfd's expiry count with a raw syscall (the body of
+// a rc.Read callback): true once read, or when the read failed (*errno
+// set); false when it has not expired (EAGAIN: wait in the poller).
+func readExpiry(fd uintptr, buf *[8]byte, errno *syscall.Errno) bool {
 	for {
-		_, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&w.buf[0])), uintptr(len(w.buf)))
+		_, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
 		switch e {
 		case 0:
 			return true
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
-			return false // woken before the expiry: wait again
+			return false
 		}
-		w.readErr = e
+		*errno = e
 		return true
 	}
+}
+
+// monoClock converts a time.Time to the kernel's CLOCK_MONOTONIC in
+// nanoseconds: time.Time's monotonic clock is CLOCK_MONOTONIC too, so the
+// two differ by a constant, read once (calibrate).
+type monoClock struct {
+	base     time.Time // an instant ...
+	baseMono int64     // ... and CLOCK_MONOTONIC then, ns
 }
 
 // calibrate reads CLOCK_MONOTONIC between two readings of time.Now and
 // keeps the tightest of a few tries: the offset is then known to a fraction
 // of a microsecond, which the early margin absorbs.
-func (w *PreciseWaiter) calibrate() {
+func (c *monoClock) calibrate() {
 	best := time.Duration(1<<63 - 1)
 	for range 5 {
 		var ts unix.Timespec
@@ -176,10 +187,13 @@ func (w *PreciseWaiter) calibrate() {
 		}
 		if d := time.Since(t1); d < best {
 			best = d
-			w.base, w.baseMono = t1.Add(d/2), ts.Nano()
+			c.base, c.baseMono = t1.Add(d/2), ts.Nano()
 		}
 	}
 }
+
+// ns is t on CLOCK_MONOTONIC, in nanoseconds.
+func (c *monoClock) ns(t time.Time) int64 { return c.baseMono + int64(t.Sub(c.base)) }
 
 // Unbind stops the watcher and closes the timerfd; a later Bind makes a new
 // one.
@@ -287,7 +301,7 @@ func (w *PreciseWaiter) Wait(ctx context.Context, t time.Time, wake <-chan struc
 	// nothing to interrupt; ctx.Err() is set before Done is closed.
 	var rerr error
 	if rerr = ctx.Err(); rerr == nil {
-		w.armAt, w.armed, w.readErr = w.baseMono+int64(aim.Sub(w.base)), false, 0
+		w.armAt, w.armed, w.readErr = w.clock.ns(aim), false, 0
 		rerr = w.rc.Read(w.read)
 	}
 	w.mu.Lock()
@@ -342,3 +356,81 @@ func spinUntil(t time.Time) {
 	for time.Now().Before(t) {
 	}
 }
+
+// timerfdAlarm is the follower's alarm (follower.go): a timerfd that the
+// departure loop's leader arms and disarms from its own thread while the
+// follower waits for it in the network poller. A disarm before the expiry
+// wakes no one (the kernel resets the expiry count), which is what makes a
+// task run in line cost two raw syscalls and no wake-up.
+type timerfdAlarm struct {
+	f     *os.File
+	rc    syscall.RawConn
+	fd    uintptr
+	clock monoClock
+	buf   [8]byte
+	err   syscall.Errno
+	read  func(fd uintptr) bool
+}
+
+// newAlarm makes the alarm of one goroutine of the departure loop's pair
+// (follower.go); an error when no timerfd can be made.
+func (w *PreciseWaiter) newAlarm() (alarm, error) {
+	fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "shaper-follower-timerfd")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	a := &timerfdAlarm{f: f, rc: rc, fd: uintptr(fd)}
+	a.clock.calibrate()
+	a.read = a.readAlarm
+	return a, nil
+}
+
+// arm sets the alarm to go off at at (at once when at has passed).
+func (a *timerfdAlarm) arm(at time.Time) {
+	spec := unix.ItimerSpec{Value: unix.NsecToTimespec(max(a.clock.ns(at), 1))} // 0 would disarm
+	_, _, _ = unix.RawSyscall6(unix.SYS_TIMERFD_SETTIME, a.fd, unix.TFD_TIMER_ABSTIME,
+		uintptr(unsafe.Pointer(&spec)), 0, 0, 0)
+}
+
+// stop makes the alarm go off at once, through the file's reference count
+// (rc.Control), so that a close by the waiter meanwhile leaves the fd
+// number alone.
+func (a *timerfdAlarm) stop() {
+	_ = a.rc.Control(func(fd uintptr) {
+		spec := unix.ItimerSpec{Value: unix.Timespec{Nsec: 1}}
+		_, _, _ = unix.RawSyscall6(unix.SYS_TIMERFD_SETTIME, fd, unix.TFD_TIMER_ABSTIME,
+			uintptr(unsafe.Pointer(&spec)), 0, 0, 0)
+	})
+}
+
+// disarm cancels the alarm and an expiry not read yet.
+func (a *timerfdAlarm) disarm() {
+	var zero unix.ItimerSpec
+	_, _, _ = unix.RawSyscall6(unix.SYS_TIMERFD_SETTIME, a.fd, 0, uintptr(unsafe.Pointer(&zero)), 0, 0, 0)
+}
+
+// wait returns once the alarm went off (an expiry was read), or with the
+// error that makes the alarm unusable.
+func (a *timerfdAlarm) wait() error {
+	if err := a.rc.Read(a.read); err != nil {
+		return err
+	}
+	if a.err != 0 {
+		return a.err
+	}
+	return nil
+}
+
+// readAlarm is the body of a.read: true once an expiry was read (or the
+// read failed: a.err); false when it has not gone off (or was disarmed
+// since): wait in the poller.
+func (a *timerfdAlarm) readAlarm(fd uintptr) bool { return readExpiry(fd, &a.buf, &a.err) }
+
+// close releases the timerfd; call once its waiter has returned for good.
+func (a *timerfdAlarm) close() { _ = a.f.Close() }

@@ -12,7 +12,8 @@ import (
 // task cost its creation and, every time, the growth of its stack from the
 // initial size to what a sink call needs (runtime.newstack and copystack:
 // ~5 % of the process's CPU at full speed, docs/performance.md). A departure
-// hands its message to an idle worker when one waits, or starts a new one;
+// whose task the departure loop does not run itself (follower.go) hands its
+// message to an idle worker when one waits, or starts a new one;
 // a worker idle for workerIdle exits, and Drain stops the rest. There are at
 // most about max_in_flight of them (a worker is busy only while its task
 // holds a slot) plus the few that are between two tasks.
@@ -75,4 +76,5 @@ func (l *Lane) worker(m *shaper.Message) {
 func (l *Lane) stopWorkers() {
 	close(l.workers.stop)
 	l.workers.wg.Wait()
+	l.relay.wg.Wait() // the departure loop's goroutines (follower.go)
 }
