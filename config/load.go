@@ -89,6 +89,9 @@ func Load(path string, flags *pflag.FlagSet, opts ...LoadOption) (*Config, []War
 
 	c := decodeSettings(p, withoutLanes(v.AllSettings(), phantoms))
 	warns = append(warns, expandSecrets(p, c, lo.secretsOptional)...)
+	if lo.secretsOptional {
+		warns = append(warns, unreadFiles(p, c)...)
+	}
 	fillDerived(c)
 	warns = append(warns, validate(c, p)...)
 	p.attribute(origin)
@@ -107,9 +110,12 @@ type loadOptions struct{ secretsOptional bool }
 // NATS server, Redis or downstream (shaper simulate): a ${NAME} reference
 // whose variable is unset or empty is a warning that names the key and the
 // variable, instead of a problem, and the rules on that key are skipped
-// (its value keeps the ${NAME} text). A malformed reference is still a
-// problem. The daemon and shaper validate never use it: there an unset
-// secret is an error (rule 7).
+// (its value keeps the ${NAME} text). So is a credentials, TLS or token
+// file that cannot be read (nats.creds, nats.tls.*, sink.tls.*,
+// sink.auth.path: a production config run on a laptop); the rules of
+// that block are skipped. A malformed reference is still a problem. The
+// daemon and shaper validate never use it: there an unset secret or an
+// unreadable file is an error (rule 7).
 func SecretsOptional() LoadOption { return func(o *loadOptions) { o.secretsOptional = true } }
 
 // readFile reads the config file at path (DefaultPath when empty) into v

@@ -286,3 +286,38 @@ func sensitiveHeader(name string) bool {
 	}
 	return false
 }
+
+// unreadFiles is SecretsOptional's rule for files: each credentials, TLS or
+// token file the config names that cannot be opened is a warning that
+// names the key and the error, and the key's rules are skipped (the
+// validator's check of nats.creds and nats.tls, the sink's CheckTLS and
+// CheckAuth on the block). A file that opens is judged as always.
+func unreadFiles(p *problems, c *Config) (warns []Warning) {
+	try := func(key, path string) {
+		if path == "" || p.skip(key) {
+			return
+		}
+		f, err := os.Open(path)
+		if err == nil {
+			_ = f.Close()
+			return
+		}
+		p.failed[key] = true
+		warns = append(warns, Warning{Key: key, Message: fmt.Sprintf("cannot be read (%v): not needed by this command, its rules skipped", err)})
+	}
+	try("nats.creds", c.NATS.Creds)
+	try("nats.tls.ca_file", c.NATS.TLS.CAFile)
+	try("nats.tls.cert_file", c.NATS.TLS.CertFile)
+	try("nats.tls.key_file", c.NATS.TLS.KeyFile)
+	for _, name := range slices.Sorted(maps.Keys(c.Downstreams)) {
+		s := c.Downstreams[name].Sink
+		prefix := "downstreams." + name + ".sink."
+		try(prefix+"tls.ca_file", s.TLS.CAFile)
+		try(prefix+"tls.cert_file", s.TLS.CertFile)
+		try(prefix+"tls.key_file", s.TLS.KeyFile)
+		if s.Auth.Kind == SinkAuthBearerFile {
+			try(prefix+"auth.path", s.Auth.Path)
+		}
+	}
+	return warns
+}

@@ -107,6 +107,33 @@ downstreams:
 	} else if !strings.Contains(errb.String(), "${SHAPERTEST_SIM_UNSET_TOKEN} is not set") || !strings.Contains(out.String(), "delivered 5") {
 		t.Errorf("simulate with unset sink secrets: stderr %q, stdout %q", errb.String(), out.String())
 	}
+	// Nor its files: a production config names credentials, TLS and token
+	// files that a laptop does not have.
+	files := writeFile(t, "files.yaml", `
+nats: { url: "nats://prod:4222", creds: /nonexistent/shaper.creds, tls: { ca_file: /nonexistent/ca.pem } }
+downstreams:
+  p:
+    source: { stream: S, subjects: ["a.>"] }
+    rate: { limit: 10/s }
+    sink: { kind: http, url: "https://pay.example/cb", tls: { ca_file: /nonexistent/pay-ca.pem }, auth: { kind: bearer_file, path: /nonexistent/token } }
+`)
+	out.Reset()
+	errb.Reset()
+	if code := run([]string{"simulate", "-c", files, "--lane", "p", "--burst", "5"}, &out, &errb); code != exitOK {
+		t.Errorf("simulate with missing credentials, TLS and token files: exit %d: %s", code, errb.String())
+	} else {
+		for _, key := range []string{"nats.creds", "nats.tls.ca_file", "downstreams.p.sink.tls.ca_file", "downstreams.p.sink.auth.path"} {
+			if !strings.Contains(errb.String(), key) {
+				t.Errorf("simulate with missing files: no warning for %s in %q", key, errb.String())
+			}
+		}
+		if !strings.Contains(out.String(), "delivered 5") {
+			t.Errorf("simulate with missing files: stdout %q", out.String())
+		}
+	}
+	if code := run([]string{"validate", "-c", files}, &out, &errb); code != exitUsage {
+		t.Errorf("validate with missing files: exit %d, want 2 (only simulate lets them be)", code)
+	}
 	for _, args := range [][]string{
 		{"simulate", "-c", cfg, "--lane", "nope", "--burst", "5"},
 		{"simulate", "-c", cfg, "--lane", "p"},
