@@ -209,6 +209,9 @@ func (l *Lane) Purge(mark PurgeMark) int {
 		l.startPurging()
 	}
 	l.m.BucketDepth.Set(float64(l.bucket.Len()))
+	if empty && len(removed) > 0 {
+		l.wakeDepartures() // a loop waiting for a hold's end has no head now
+	}
 	if len(removed) > 0 {
 		l.log.Info("lane purged by operator", "dead_lettered", len(removed), "stream", mark.Stream, "up_to_stream_seq", mark.UpTo)
 	}

@@ -270,3 +270,54 @@ func TestDeadLetterID(t *testing.T) {
 		t.Errorf("no publish time: %q, want payments/S:2", got)
 	}
 }
+
+// TestLaneDrainAfterHeldMessagesExpired: a lane held by an operator whose
+// messages all pass bucket.max_age (the housekeeping sweep dead-letters them
+// while the departure loop waits for the hold's end) drains at once: the
+// bucket is empty, so nothing is left to wait for. Found by a new-user pass:
+// the stop waited the whole drain_timeout (30 s by default).
+func TestLaneDrainAfterHeldMessagesExpired(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := laneConfig(5)
+		cfg.Bucket.Capacity, cfg.Bucket.MaxAge = 10, 2*time.Second
+		h := newHarness(t, cfg, &recSink{})
+		h.lane.Hold(Hold{Reason: "until resumed"})
+		h.lane.Start()
+		h.src.Publish(3)
+		time.Sleep(4 * time.Second) // all three expired and dead-lettered
+		synctest.Wait()
+		if d := h.lane.Status(time.Now()).Depth; d != 0 {
+			t.Fatalf("bucket depth %d after max_age, want 0", d)
+		}
+		start := time.Now()
+		s := h.stop(4 * time.Second)
+		if took := time.Since(start); took > 1500*time.Millisecond {
+			t.Errorf("drain of an empty held lane took %v, want it at once (not the 4 s budget)", took)
+		}
+		if s.Leftovers != 0 || len(h.dead.snapshot()) != 3 {
+			t.Errorf("summary %+v, %d dead letters; want no leftovers and 3 dead letters", s, len(h.dead.snapshot()))
+		}
+	})
+	// The same when an operator's purge empties the held bucket.
+	synctest.Test(t, func(t *testing.T) {
+		cfg := laneConfig(5)
+		cfg.Bucket.Capacity = 10
+		h := newHarness(t, cfg, &recSink{})
+		h.lane.Hold(Hold{Reason: "until resumed"})
+		h.lane.Start()
+		h.src.Publish(3)
+		time.Sleep(time.Second)
+		if n := h.lane.Purge(PurgeMark{UpTo: 3}); n != 3 {
+			t.Fatalf("purge took %d from the bucket, want 3", n)
+		}
+		synctest.Wait()
+		start := time.Now()
+		s := h.stop(4 * time.Second)
+		if took := time.Since(start); took > 1500*time.Millisecond {
+			t.Errorf("drain of a held lane emptied by a purge took %v, want it at once", took)
+		}
+		if s.Leftovers != 0 || len(h.dead.snapshot()) != 3 {
+			t.Errorf("summary %+v, %d dead letters; want no leftovers and 3 dead letters", s, len(h.dead.snapshot()))
+		}
+	})
+}

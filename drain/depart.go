@@ -47,10 +47,14 @@ func (l *Lane) nextDeparture(ctx context.Context) (*shaper.Message, time.Time, b
 		return nil, time.Time{}, false
 	}
 	// 3. The pacer's time. A pause (Retry-After) wakes the wait.
-	ready, now, scheduled, ok := l.awaitDepartureTime(ctx)
+	ready, now, scheduled, gone, ok := l.awaitDepartureTime(ctx)
 	if !ok {
 		l.slots.release()
 		return nil, time.Time{}, false
+	}
+	if gone { // the bucket emptied meanwhile: wait for a head again
+		l.slots.release()
+		return nil, now, true
 	}
 	// 4. Departure, of the first message that has not expired at this
 	// instant (SPEC §3 Max age: after every wait; an expired message
@@ -69,9 +73,12 @@ func (l *Lane) nextDeparture(ctx context.Context) (*shaper.Message, time.Time, b
 // the previous request's write (WireReporter) and the shared schedule's
 // slot (global.go) have come. A pause (Retry-After) wakes the wait. It
 // returns when the loop was ready to depart, the departure instant, and
-// when the departure was due (the lateness metric); false when the loop
+// when the departure was due (the lateness metric); gone when the bucket
+// was found empty after a wait (max_age and a purge remove messages while
+// the lane is held: the loop waits for a head again, and a drain sees the
+// bucket empty instead of waiting out its timeout); false when the loop
 // must end.
-func (l *Lane) awaitDepartureTime(ctx context.Context) (ready, now, scheduled time.Time, ok bool) {
+func (l *Lane) awaitDepartureTime(ctx context.Context) (ready, now, scheduled time.Time, gone, ok bool) {
 	ready = time.Now()
 	now = ready
 	scheduled = now // the instant the departure was due (lateness metric)
@@ -79,26 +86,32 @@ func (l *Lane) awaitDepartureTime(ctx context.Context) (ready, now, scheduled ti
 	for {
 		// While the breaker is open only its probe leaves (breaker.go).
 		if waited, ok := l.awaitBreaker(ctx, now); !ok {
-			return ready, now, scheduled, false
+			return ready, now, scheduled, false, false
 		} else if waited {
 			ready = time.Now()
 			now, scheduled = ready, ready
+			if l.bucket.Peek() == nil {
+				return ready, now, scheduled, true, true
+			}
 		}
 		at := l.departureAt(now)
 		if !at.After(now) && l.global != nil {
 			var ok bool // the shared schedule's slot (global.go)
 			if at, ok = l.globalAt(ctx, now); !ok {
-				return ready, now, scheduled, false
+				return ready, now, scheduled, false, false
 			}
 		}
 		if !at.After(now) {
-			return ready, now, scheduled, true
+			return ready, now, scheduled, false, true
 		}
 		scheduled = at
 		if _, err := l.waiter.Wait(ctx, at, l.wake); err != nil {
-			return ready, now, scheduled, false
+			return ready, now, scheduled, false, false
 		}
 		now = time.Now()
+		if l.bucket.Peek() == nil {
+			return ready, now, scheduled, true, true
+		}
 	}
 }
 
@@ -260,6 +273,7 @@ func (l *Lane) sweepExpired(now time.Time, headOnly bool) bool {
 		l.mu.Lock()
 		l.pacer.SetBusy(now, false)
 		l.mu.Unlock()
+		l.wakeDepartures() // a loop waiting for a hold's end has no head now
 	}
 	l.m.BucketDepth.Set(float64(l.bucket.Len()))
 	for _, m := range removed {
