@@ -6,12 +6,13 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/shaper-dev/shaper/sources"
 )
 
 // Values of bucket.overflow (SPEC §3 Overflow).
@@ -253,28 +254,33 @@ func (v *validator) global() {
 }
 
 // natsSecurity checks nats.creds and nats.tls: only with nats.url (the
-// embedded server takes neither), readable files, cert and key together.
+// embedded server takes neither), and every file as the start reads it
+// (sources.Security.Check: readable, a creds file with its JWT and seed, a
+// CA with a certificate, the certificate and key a pair), so that a config
+// validate passes is not stopped at the start with exit 1.
 func (v *validator) natsSecurity() {
 	n := v.c.NATS
-	files := []struct{ key, path string }{{"nats.creds", n.Creds}, {"nats.tls.ca_file", n.TLS.CAFile},
-		{"nats.tls.cert_file", n.TLS.CertFile}, {"nats.tls.key_file", n.TLS.KeyFile}}
-	for _, f := range files {
-		if f.path == "" {
-			continue
+	sec := sources.Security{Creds: n.Creds, CAFile: n.TLS.CAFile, CertFile: n.TLS.CertFile, KeyFile: n.TLS.KeyFile}
+	if n.URL == "" {
+		for _, f := range []struct{ key, path string }{{"nats.creds", sec.Creds}, {"nats.tls.ca_file", sec.CAFile},
+			{"nats.tls.cert_file", sec.CertFile}, {"nats.tls.key_file", sec.KeyFile}} {
+			v.check(f.path == "", f.key, "only with nats.url (the embedded server needs no credentials nor TLS)")
 		}
-		if n.URL == "" {
-			v.check(false, f.key, "only with nats.url (the embedded server needs no credentials nor TLS)")
-			continue
-		}
-		fh, err := os.Open(f.path)
-		if err != nil {
-			v.check(false, f.key, "cannot be read: %v", err)
-			continue
-		}
-		_ = fh.Close()
+		return
 	}
-	v.check((n.TLS.CertFile == "") == (n.TLS.KeyFile == ""), "nats.tls.cert_file",
-		"nats.tls.cert_file and nats.tls.key_file go together (a client certificate and its key)")
+	// A key SecretsOptional let be (unreadFiles) is not read again.
+	for key, path := range map[string]*string{"nats.creds": &sec.Creds, "nats.tls.ca_file": &sec.CAFile,
+		"nats.tls.cert_file": &sec.CertFile, "nats.tls.key_file": &sec.KeyFile} {
+		if v.p.skip(key) {
+			*path = ""
+		}
+	}
+	if (sec.CertFile == "") != (sec.KeyFile == "") && (v.p.skip("nats.tls.cert_file") || v.p.skip("nats.tls.key_file")) {
+		sec.CertFile, sec.KeyFile = "", ""
+	}
+	for _, p := range sec.Check() {
+		v.check(false, p.Key, "%s", p.Message)
+	}
 }
 
 // natsURL checks a comma-separated list of NATS server URLs.

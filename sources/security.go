@@ -3,10 +3,13 @@ package sources
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"os"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
 
 // Security is how the daemon authenticates to the NATS servers and encrypts
@@ -21,18 +24,78 @@ type Security struct {
 	CAFile, CertFile, KeyFile string
 }
 
-// Options returns the nats.go options of s. Every file is read once here,
-// so that a missing or broken one fails the start with its key, and again
-// at every (re)connect by nats.go (UserCredentials reads the creds file for
-// each connection, RootCAs and ClientCert load their files in each TLS
-// handshake), so that rotated files apply from the next connection on
-// without a restart. Nothing read from them is ever logged.
+// SecurityProblem is a file of Security that would stop the start: its
+// config key (nats.creds, nats.tls.ca_file, nats.tls.cert_file,
+// nats.tls.key_file) and what is wrong, never what the file holds.
+type SecurityProblem struct{ Key, Message string }
+
+// Check reads every file of s as the start does and returns a problem per
+// file that would fail it: unreadable, a creds file without a user JWT and
+// its nkey seed (what nats.go's UserCredentials needs), a CA file with no
+// PEM certificate, a certificate and key that do not load as a pair. Options
+// fails on the first of them; shaper validate lists them all
+// (config.Validate), so that a config validate passes does not stop the
+// start with exit 1.
+func (s Security) Check() []SecurityProblem {
+	var ps []SecurityProblem
+	add := func(key, format string, a ...any) {
+		ps = append(ps, SecurityProblem{Key: key, Message: fmt.Sprintf(format, a...)})
+	}
+	if s.Creds != "" {
+		if b, err := os.ReadFile(s.Creds); err != nil {
+			add("nats.creds", "cannot be read: %v", err)
+		} else if err := checkCreds(b); err != nil {
+			add("nats.creds", "%s: %v", s.Creds, err)
+		}
+	}
+	if s.CAFile != "" {
+		if pem, err := os.ReadFile(s.CAFile); err != nil {
+			add("nats.tls.ca_file", "cannot be read: %v", err)
+		} else if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+			add("nats.tls.ca_file", "%s: no PEM certificate in it", s.CAFile)
+		}
+	}
+	if s.CertFile != "" && s.KeyFile != "" {
+		// The error names the files and the format, never key material.
+		if _, err := tls.LoadX509KeyPair(s.CertFile, s.KeyFile); err != nil {
+			add("nats.tls.cert_file", "with nats.tls.key_file: %v", err)
+		}
+	} else if s.CertFile != "" || s.KeyFile != "" {
+		add("nats.tls.cert_file", "nats.tls.cert_file and nats.tls.key_file go together (a client certificate and its key)")
+	}
+	return ps
+}
+
+// checkCreds is what nats.go's UserCredentials reads from a creds file: a
+// user JWT and a user nkey seed. The errors name neither.
+func checkCreds(b []byte) error {
+	tok, err := nkeys.ParseDecoratedJWT(b)
+	if err == nil {
+		_, err = jwt.DecodeUserClaims(tok)
+	}
+	if err != nil {
+		return errors.New("holds no valid user JWT")
+	}
+	kp, err := nkeys.ParseDecoratedUserNKey(b)
+	if err != nil {
+		return fmt.Errorf("holds no user nkey seed (%w)", err)
+	}
+	kp.Wipe()
+	return nil
+}
+
+// Options returns the nats.go options of s. Every file is read once here
+// (Check), so that a missing or broken one fails the start with its key,
+// and again at every (re)connect by nats.go (UserCredentials reads the
+// creds file for each connection, RootCAs and ClientCert load their files
+// in each TLS handshake), so that rotated files apply from the next
+// connection on without a restart. Nothing read from them is ever logged.
 func (s Security) Options() ([]nats.Option, error) {
+	if ps := s.Check(); len(ps) > 0 {
+		return nil, fmt.Errorf("%s: %s", ps[0].Key, ps[0].Message)
+	}
 	var opts []nats.Option
 	if s.Creds != "" {
-		if _, err := os.ReadFile(s.Creds); err != nil {
-			return nil, fmt.Errorf("nats.creds: %w", err)
-		}
 		opts = append(opts, nats.UserCredentials(s.Creds))
 	}
 	if s.CAFile == "" && s.CertFile == "" && s.KeyFile == "" {
@@ -40,20 +103,9 @@ func (s Security) Options() ([]nats.Option, error) {
 	}
 	opts = append(opts, nats.Secure())
 	if s.CAFile != "" {
-		pem, err := os.ReadFile(s.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("nats.tls.ca_file: %w", err)
-		}
-		if !x509.NewCertPool().AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("nats.tls.ca_file %s: no PEM certificate in it", s.CAFile)
-		}
 		opts = append(opts, nats.RootCAs(s.CAFile))
 	}
-	if s.CertFile != "" || s.KeyFile != "" {
-		// The error names the files and the format, never key material.
-		if _, err := tls.LoadX509KeyPair(s.CertFile, s.KeyFile); err != nil {
-			return nil, fmt.Errorf("nats.tls.cert_file/key_file: %w", err)
-		}
+	if s.CertFile != "" {
 		opts = append(opts, nats.ClientCert(s.CertFile, s.KeyFile))
 	}
 	return opts, nil
