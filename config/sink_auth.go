@@ -127,10 +127,21 @@ func (c *Config) redactedAuth(prefix string, a SinkAuth) SinkAuth {
 // written in the file instead of a ${ENV} reference is a warning.
 func (v *validator) sinkAuthTLS(name string, s Sink) {
 	prefix := "downstreams." + name + ".sink."
-	if v.p.skip(prefix+"auth", prefix+"tls") {
-		return
+	// Each block on its own: an unset ${NAME} in sink.auth (a
+	// client_secret) must not hide the problems of sink.tls, nor the
+	// reverse (found by a new-user pass).
+	var ps []*sinks.ConfigProblem
+	if !v.p.skip(prefix + "auth") {
+		ps = append(ps, sinks.CheckAuth(s.Auth.HTTPAuth(), s.Headers)...)
 	}
-	for _, p := range append(sinks.CheckAuth(s.Auth.HTTPAuth(), s.Headers), sinks.CheckTLS(s.TLS.HTTPTLS(), s.URL)...) {
+	if !v.p.skip(prefix + "tls") {
+		u := s.URL
+		if v.p.skip(prefix + "url") {
+			u = "" // its ${NAME} text: only the files are judged
+		}
+		ps = append(ps, sinks.CheckTLS(s.TLS.HTTPTLS(), u)...)
+	}
+	for _, p := range ps {
 		v.check(false, prefix+p.Key, "%s", p.Message)
 	}
 	if _, ok := v.c.templates[prefix+"auth.client_secret"]; !ok && s.Auth.ClientSecret != "" {

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shaper-dev/shaper/config"
 )
 
 // selfSigned writes a self-signed certificate and its key into dir and
@@ -127,5 +129,28 @@ func TestRedacted_SinkAuth(t *testing.T) {
 	}
 	if !warned {
 		t.Errorf("no warning for a client_secret written in the file: %v", warns)
+	}
+}
+
+// TestLoad_SinkTLSBesideUnsetSecret: an unset ${NAME} in sink.auth (the
+// oauth2 client_secret) or in sink.url does not hide the problems of
+// sink.tls: validate lists the secret and the key that is not the
+// certificate's, and simulate (SecretsOptional), which lets the secret be,
+// still judges the readable files (found by a new-user pass: the key
+// mismatch vanished while the secret was unset).
+func TestLoad_SinkTLSBesideUnsetSecret(t *testing.T) {
+	dir := t.TempDir()
+	cert, _ := selfSigned(t, dir, "client")
+	_, otherKey := selfSigned(t, dir, "other")
+	for _, url := range []string{"https://psp.example/cb", "${SHAPER_TEST_UNSET_SINK_URL}"} {
+		text := laneYAML("", fmt.Sprintf(`sink: {kind: http, url: %q, auth: {kind: oauth2, token_url: "https://auth.example/token", client_id: shaper, client_secret: "${SHAPER_TEST_UNSET_CLIENT_SECRET}"}, tls: {cert_file: %q, key_file: %q}}`, url, cert, otherKey))
+		err := loadErr(t, text)
+		requireProblem(t, err, lanePfx+"sink.auth.client_secret", "${SHAPER_TEST_UNSET_CLIENT_SECRET}")
+		requireProblem(t, err, lanePfx+"sink.tls.key_file", "private key does not match public key")
+		if _, _, err := config.Load(writeConfig(t, text), nil, config.SecretsOptional()); err == nil {
+			t.Errorf("url %s: SecretsOptional passed a key that is not the certificate's", url)
+		} else {
+			requireProblem(t, err, lanePfx+"sink.tls.key_file", "private key does not match public key")
+		}
 	}
 }
