@@ -1089,3 +1089,20 @@ func TestLoad_SecretsOptional(t *testing.T) {
 		requireProblem(t, err, lanePfx+"sink.url")
 	}
 }
+
+// TestLoad_BadLaneNameBesideBadValues: a lane name that breaks the pattern
+// is listed also when values of that lane fail to load (a rate of 0, an
+// ack_wait without a unit), so every problem shows at once (found by a
+// new-user pass: the name's problem appeared only after the rate was fixed).
+func TestLoad_BadLaneNameBesideBadValues(t *testing.T) {
+	err := loadErr(t, `
+downstreams:
+  "bad lane!":
+    source: {stream: C, subjects: [c.>], ack_wait: 5}
+    rate: {limit: 0}
+    sink: {kind: log}
+`)
+	requireProblem(t, err, "downstreams.bad lane!", "lane name must match")
+	requireProblem(t, err, "downstreams.bad lane!.rate.limit")
+	requireProblem(t, err, "downstreams.bad lane!.source.ack_wait")
+}

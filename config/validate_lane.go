@@ -18,7 +18,11 @@ import (
 func (v *validator) lane(name string, l Lane) {
 	k := func(rel string) string { return "downstreams." + name + "." + rel }
 	nameOK := laneNameRE.MatchString(name)
-	v.check(nameOK, "downstreams."+name, "lane name must match %s, got %q", laneNamePattern, name)
+	// Not v.check: its skip also covers a key under the lane that failed to
+	// load (a rate of 0), which hid the name's problem (a new-user pass).
+	if !nameOK && !v.p.failed["downstreams."+name] {
+		v.p.add("downstreams."+name, "lane name must match %s, got %q", laneNamePattern, name)
+	}
 
 	v.laneSource(k, nameOK, l)
 	v.laneBucket(k, l)
