@@ -21,7 +21,26 @@ func (l Limit) Interval() time.Duration {
 
 // String formats l as "N/s".
 func (l Limit) String() string {
-	return strconv.FormatFloat(float64(l), 'g', -1, 64) + "/s"
+	// Exact, and never in exponent form (2e+06/s puzzled a new user).
+	return strconv.FormatFloat(float64(l), 'f', -1, 64) + "/s"
+}
+
+// FormatRate writes a rate in messages per second for a person: four
+// significant digits at most and at least to the unit, trailing zeros
+// dropped, never in exponent form ("2000000", "3.352", "0.5",
+// "0.00001157"), so that a rate in force during warmup does not show as
+// 3.3519162934999995 (shaper lanes; found by a new-user pass).
+func FormatRate(perSecond float64) string {
+	x := math.Abs(perSecond)
+	if x == 0 || math.IsNaN(x) || math.IsInf(x, 0) {
+		return strconv.FormatFloat(perSecond, 'f', -1, 64)
+	}
+	prec := max(0, 3-int(math.Floor(math.Log10(x))))
+	s := strconv.FormatFloat(perSecond, 'f', prec, 64)
+	if strings.Contains(s, ".") {
+		s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	}
+	return s
 }
 
 // ErrBadLimit is returned (wrapped) by ParseLimit.

@@ -48,3 +48,23 @@ func FuzzParseLimit(f *testing.F) {
 		}
 	})
 }
+
+// TestFormatRate: rates for people (shaper lanes, validate's messages):
+// never in exponent form, at most four significant digits or to the unit
+// in FormatRate, exact in Limit.String (found by a new-user pass:
+// 3.3519162934999995/5/s and 2e+06/s).
+func TestFormatRate(t *testing.T) {
+	for in, want := range map[float64]string{
+		3.3519162934999995: "3.352", 2.5001015155: "2.5", 5: "5", 2e6: "2000000", 1000.4: "1000",
+		0.5: "0.5", 1.0 / 86400: "0.00001157", 0: "0", 99.99999: "100",
+	} {
+		if got := FormatRate(in); got != want {
+			t.Errorf("FormatRate(%v) = %q, want %q", in, got, want)
+		}
+	}
+	for in, want := range map[Limit]string{2e6: "2000000/s", 0.5: "0.5/s", 100: "100/s"} {
+		if got := in.String(); got != want {
+			t.Errorf("Limit(%v).String() = %q, want %q", float64(in), got, want)
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/shaper-dev/shaper/cmd/shaper/internal/admin"
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/sources"
 )
 
@@ -338,7 +339,7 @@ func printLanes(w io.Writer, views []admin.LaneView) {
 		if note == "" && v.LastError != "" {
 			note = "last error: " + v.LastError
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%g/%g/s\t%.1f/s\t%d/%d\t%d\t%d\t%s\n", v.Lane, v.State, v.Rate, v.Limit, v.Achieved,
+		fmt.Fprintf(tw, "%s\t%s\t%s/%s/s\t%.1f/s\t%d/%d\t%d\t%d\t%s\n", v.Lane, v.State, shaper.FormatRate(v.Rate), shaper.FormatRate(v.Limit), v.Achieved,
 			v.Depth, v.Capacity, v.InFlight, v.DeadLetters, strings.TrimSpace(note))
 	}
 	_ = tw.Flush()

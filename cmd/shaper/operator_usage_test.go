@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shaper-dev/shaper/cmd/shaper/internal/admin"
 	"github.com/shaper-dev/shaper/config"
 )
 
@@ -58,5 +59,19 @@ func TestOperatorDefaultAdminHint(t *testing.T) {
 	if code != exitFailure || !strings.Contains(errb.String(), "the default admin.listen: there is no ./config.yaml here") ||
 		!strings.Contains(errb.String(), "--admin") {
 		t.Errorf("lanes with no config: exit %d, stderr %q; want 1 with the hint", code, errb.String())
+	}
+}
+
+// TestPrintLanesRates: shaper lanes shows the rate in force and the limit
+// as a person reads them, mid-warmup too (found by a new-user pass:
+// 3.3519162934999995/5/s).
+func TestPrintLanesRates(t *testing.T) {
+	var b strings.Builder
+	printLanes(&b, []admin.LaneView{{Lane: "ok", State: "running", Rate: 3.3519162934999995, Limit: 5, Capacity: 10},
+		{Lane: "big", State: "running", Rate: 2e6, Limit: 2e6, Capacity: 10}})
+	for _, want := range []string{"3.352/5/s", "2000000/2000000/s"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("shaper lanes lacks %q:\n%s", want, b.String())
+		}
 	}
 }
