@@ -2,6 +2,7 @@ package config
 
 import (
 	"maps"
+	"net/url"
 	"slices"
 	"strings"
 
@@ -144,6 +145,7 @@ func (v *validator) sinkAuthTLS(name string, s Sink) {
 	for _, p := range ps {
 		v.check(false, prefix+p.Key, "%s", p.Message)
 	}
+	v.urlUserInfoUnused(prefix, s)
 	if _, ok := v.c.templates[prefix+"auth.client_secret"]; !ok && s.Auth.ClientSecret != "" {
 		v.warn(prefix+"auth.client_secret", "is written in the file: give it as a ${ENV} reference so the file holds no secret")
 	}
@@ -161,5 +163,29 @@ func (v *validator) sinkAuthIgnored(name string, s Sink) {
 	}
 	if s.TLS != (SinkTLS{}) {
 		v.warn(prefix+"tls", "ignored for sink kind %s", s.Kind)
+	}
+}
+
+// urlUserInfoUnused warns when sink.url carries user info (basic auth)
+// while sink.auth or sink.headers sets Authorization: net/http then sends
+// the header and drops the user info without a word (found by a new-user
+// pass). The warning names neither the user nor the password.
+func (v *validator) urlUserInfoUnused(prefix string, s Sink) {
+	if v.p.skip(prefix + "url") {
+		return
+	}
+	u, err := url.Parse(s.URL)
+	if err != nil || u.User == nil {
+		return
+	}
+	if s.Auth.Kind != "" && s.Auth.Kind != SinkAuthNone {
+		v.warn(prefix+"url", "its user info (basic auth) is not sent: sink.auth (kind %s) sets Authorization", s.Auth.Kind)
+		return
+	}
+	for h := range s.Headers {
+		if strings.EqualFold(h, "Authorization") {
+			v.warn(prefix+"url", "its user info (basic auth) is not sent: sink.headers sets Authorization")
+			return
+		}
 	}
 }

@@ -154,3 +154,30 @@ func TestLoad_SinkTLSBesideUnsetSecret(t *testing.T) {
 		}
 	}
 }
+
+// TestLoad_SinkURLUserInfoBesideAuthorization: user info in sink.url next
+// to sink.auth or an Authorization header is a warning on sink.url (net/http
+// sends the header and drops the user info), and the warning shows no
+// password.
+func TestLoad_SinkURLUserInfoBesideAuthorization(t *testing.T) {
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	if err := os.WriteFile(token, []byte("tok-abc\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, extra := range []string{fmt.Sprintf("auth: {kind: bearer_file, path: %q}", token), `headers: {Authorization: "Bearer x"}`, ""} {
+		_, warns := mustLoad(t, laneYAML("", fmt.Sprintf(`sink: {kind: http, url: "https://u:Pw5ecret@psp.example/cb", %s}`, extra)))
+		var got []string
+		for _, w := range warns {
+			if w.Key == lanePfx+"sink.url" && strings.Contains(w.Message, "user info (basic auth) is not sent") {
+				got = append(got, w.Message)
+			}
+			if strings.Contains(w.Message, "Pw5ecret") {
+				t.Errorf("a warning shows the password: %s", w)
+			}
+		}
+		if want := extra != ""; (len(got) == 1) != want {
+			t.Errorf("with %q: warnings on sink.url %q, want one: %v", extra, got, want)
+		}
+	}
+}
