@@ -87,8 +87,10 @@ func Load(path string, flags *pflag.FlagSet, opts ...LoadOption) (*Config, []War
 		return nil, warns, err
 	}
 
-	c := decodeSettings(p, withoutLanes(v.AllSettings(), phantoms))
+	settings := withoutLanes(v.AllSettings(), phantoms)
+	c := decodeSettings(p, settings)
 	warns = append(warns, expandSecrets(p, c, lo.secretsOptional)...)
+	warns = append(warns, unexpandedRefs(c, settings)...)
 	if lo.secretsOptional {
 		warns = append(warns, unreadFiles(p, c)...)
 	}

@@ -1106,3 +1106,28 @@ downstreams:
 	requireProblem(t, err, "downstreams.bad lane!.rate.limit")
 	requireProblem(t, err, "downstreams.bad lane!.source.ack_wait")
 }
+
+// TestLoad_UnexpandedReference: a ${NAME} in a key that does not expand
+// references (only the keys that may hold secrets do) is a warning naming
+// the key, since the value is used as written (found by a new-user pass: a
+// stream would have been named "${STREAM}"); the secret keys warn nothing.
+func TestLoad_UnexpandedReference(t *testing.T) {
+	t.Setenv("SHAPER_TEST_STREAM", "S")
+	t.Setenv("SHAPER_TEST_SINK_URL", "https://psp.example/cb")
+	_, warns := mustLoad(t, laneYAML("", `source: {stream: "${SHAPER_TEST_STREAM}", subjects: ["a.>", "b.${SHAPER_TEST_STREAM}"]}`,
+		`sink: {kind: http, url: "${SHAPER_TEST_SINK_URL}"}`))
+	want := map[string]bool{lanePfx + "source.stream": false, lanePfx + "source.subjects[1]": false}
+	for _, w := range warns {
+		if _, ok := want[w.Key]; ok && strings.Contains(w.Message, "${SHAPER_TEST_STREAM} is not expanded in this key") {
+			want[w.Key] = true
+		}
+		if strings.Contains(w.Key, "sink.url") {
+			t.Errorf("a warning on a key that expands references: %s", w)
+		}
+	}
+	for k, seen := range want {
+		if !seen {
+			t.Errorf("no warning for %s: %v", k, warns)
+		}
+	}
+}

@@ -321,3 +321,37 @@ func unreadFiles(p *problems, c *Config) (warns []Warning) {
 	}
 	return warns
 }
+
+// unexpandedRefs warns about each ${NAME} in a key that does not expand
+// references (only the keys that may hold secrets do: expandSecrets): its
+// value is used as written, so a source.stream of "${STREAM}" would name a
+// stream "${STREAM}" (found by a new-user pass). settings is viper's
+// nested map of the merged config.
+func unexpandedRefs(c *Config, settings map[string]any) (warns []Warning) {
+	var walk func(key string, v any)
+	walk = func(key string, v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for _, k := range slices.Sorted(maps.Keys(x)) {
+				walk(strings.TrimPrefix(key+"."+k, "."), x[k])
+			}
+		case []any:
+			for i, e := range x {
+				walk(fmt.Sprintf("%s[%d]", key, i), e)
+			}
+		case []string:
+			for i, e := range x {
+				walk(fmt.Sprintf("%s[%d]", key, i), e)
+			}
+		case string:
+			if _, expanded := c.templates[key]; expanded {
+				return
+			}
+			if m := envRef.FindString(x); m != "" && !slices.ContainsFunc(warns, func(w Warning) bool { return w.Key == key }) {
+				warns = append(warns, Warning{Key: key, Message: m + " is not expanded in this key (only the keys that may hold secrets take ${ENV}: docs/configuration.md): the value is used as written"})
+			}
+		}
+	}
+	walk("", settings)
+	return warns
+}
