@@ -63,7 +63,11 @@ func ParseWebhookSecret(secret string) ([]byte, error) {
 	if err != nil {
 		var bad base64.CorruptInputError
 		if errors.As(err, &bad) {
-			return nil, fmt.Errorf("not %s followed by standard base64 (bad input at byte %d after the prefix)", WebhookSecretPrefix, int64(bad))
+			where := "of the key"
+			if strings.HasPrefix(secret, WebhookSecretPrefix) {
+				where = "after the prefix"
+			}
+			return nil, fmt.Errorf("not %s followed by standard base64 (bad input at byte %d %s)", WebhookSecretPrefix, int64(bad), where)
 		}
 		return nil, fmt.Errorf("not %s followed by standard base64", WebhookSecretPrefix)
 	}

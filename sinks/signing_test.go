@@ -202,6 +202,8 @@ func TestNewHTTPSigningRejects(t *testing.T) {
 		{"no secret", sinks.SigningConfig{Scheme: sinks.SigningStandardWebhooks}, nil, "signing.secrets: at least one"},
 		{"not base64", sinks.SigningConfig{Scheme: sinks.SigningStandardWebhooks, Secrets: []string{specSecret, secretText}}, nil, "signing.secrets[1]: not whsec_ followed by standard base64"},
 		{"empty after the prefix", sinks.SigningConfig{Scheme: sinks.SigningStandardWebhooks, Secrets: []string{"whsec_"}}, nil, "signing.secrets[0]: empty"},
+		{"no prefix, not base64", sinks.SigningConfig{Scheme: sinks.SigningStandardWebhooks, Secrets: []string{"bogus"}}, nil, "(bad input at byte 4 of the key)"},
+		{"the prefix, not base64", sinks.SigningConfig{Scheme: sinks.SigningStandardWebhooks, Secrets: []string{"whsec_bogus"}}, nil, "(bad input at byte 4 after the prefix)"},
 		{"secrets without a scheme", sinks.SigningConfig{Secrets: []string{specSecret}}, nil, "signing.scheme: required"},
 		{"a configured signature header", sinks.SigningConfig{Scheme: sinks.SigningStandardWebhooks, Secrets: []string{specSecret}},
 			map[string]string{"webhook-signature": "v1,x"}, "headers.webhook-signature: reserved"},

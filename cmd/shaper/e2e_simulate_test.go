@@ -134,6 +134,11 @@ downstreams:
 	if code := run([]string{"validate", "-c", files}, &out, &errb); code != exitUsage {
 		t.Errorf("validate with missing files: exit %d, want 2 (only simulate lets them be)", code)
 	}
+	errb.Reset()
+	if code := run([]string{"simulate", "-c", cfg, "--lane", "p", "--burst", "5", "--svg", "/nonexistent/x.svg"}, &out, &errb); code != exitFailure ||
+		!strings.Contains(errb.String(), "simulate: --svg: open /nonexistent/x.svg") {
+		t.Errorf("simulate with an unwritable --svg: exit %d, stderr %q; want 1 and the flag named", code, errb.String())
+	}
 	for _, args := range [][]string{
 		{"simulate", "-c", cfg, "--lane", "nope", "--burst", "5"},
 		{"simulate", "-c", cfg, "--lane", "p"},

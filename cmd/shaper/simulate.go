@@ -93,12 +93,12 @@ departures and bucket depth over time.`,
 			if svg != "" {
 				f, err := os.Create(svg)
 				if err != nil {
-					return &exitError{code: exitFailure, err: err}
+					return &exitError{code: exitFailure, err: fmt.Errorf("simulate: --svg: %w", err)}
 				}
 				title := fmt.Sprintf("shaper simulate: lane %s at %s, %s", lane, lc.Rate.Limit, what)
 				err = errors.Join(res.WriteSVG(f, title), f.Close())
 				if err != nil {
-					return &exitError{code: exitFailure, err: err}
+					return &exitError{code: exitFailure, err: fmt.Errorf("simulate: --svg %s: %w", svg, err)}
 				}
 				fmt.Fprintf(stdout, "wrote %s\n", svg)
 			}

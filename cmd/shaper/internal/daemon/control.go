@@ -294,7 +294,11 @@ func (d *Daemon) Replay(ctx context.Context, name string, f sources.DeadLetterFi
 	if err != nil {
 		err = fmt.Errorf("replayed %d, then: %w", n, err)
 	}
-	d.log.Info("dead letters replayed by operator", "lane", name, "replayed", n, "reason", f.Reason, "err", err)
+	if err != nil {
+		d.log.Warn("dead letters replayed by operator, then failed", "lane", name, "replayed", n, "reason", f.Reason, "err", err)
+	} else {
+		d.log.Info("dead letters replayed by operator", "lane", name, "replayed", n, "reason", f.Reason)
+	}
 	return n, err
 }
 
