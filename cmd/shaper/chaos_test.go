@@ -237,20 +237,23 @@ func TestChaosNATSServerRestart(t *testing.T) {
 	// The operator's commands answer at once while NATS is down: a view
 	// with the last dead-letter count, a write refused with 503 and
 	// nothing changed (a new-user pass found 5 s for each).
+	// shaper lanes says the daemon is not ready: the lane's state alone
+	// (running) did not show the outage (a new-user pass).
 	for _, c := range []struct {
 		args []string
 		code int
+		want string
 	}{
-		{[]string{"lanes"}, exitOK},
-		{[]string{"pause", chaosLaneName, "--for", "1m"}, exitFailure},
-		{[]string{"dead-letters", "list", chaosLaneName}, exitFailure},
+		{[]string{"lanes"}, exitOK, "daemon not ready: nats not connected"},
+		{[]string{"pause", chaosLaneName, "--for", "1m"}, exitFailure, ""},
+		{[]string{"dead-letters", "list", chaosLaneName}, exitFailure, ""},
 	} {
 		t0 := time.Now()
 		out, code := operate(t, r.bin, r.admin, c.args...)
 		took := time.Since(t0)
 		t.Logf("shaper %v while NATS is down: exit %d in %s", c.args, code, took.Round(time.Millisecond))
-		if code != c.code || took > 1500*time.Millisecond {
-			t.Errorf("shaper %v while NATS is down: exit %d in %s, want %d within 1.5 s (%q)", c.args, code, took, c.code, out)
+		if code != c.code || took > 1500*time.Millisecond || !strings.Contains(out, c.want) {
+			t.Errorf("shaper %v while NATS is down: exit %d in %s, want %d within 1.5 s and %q (%q)", c.args, code, took, c.code, c.want, out)
 		}
 	}
 	if v := laneView(t, r.bin, r.admin, chaosLaneName); v.State == "paused" {

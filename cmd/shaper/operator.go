@@ -158,9 +158,31 @@ func lanesCmd(stdout, stderr io.Writer) *cobra.Command {
 				return err
 			}
 			printLanes(stdout, views)
+			if why := c.notReady(); why != "" {
+				// The lanes' states do not show it (a lane whose source is
+				// disconnected holds its departures but is not paused):
+				// found by a new-user pass.
+				fmt.Fprintf(stdout, "daemon %s\n", why)
+			}
 			return nil
 		},
 	}
+}
+
+// notReady is the daemon's answer at /readyz when it is not ready ("not
+// ready: nats not connected"), or "" when it is ready or does not answer.
+func (c *operatorClient) notReady() string {
+	hc := &http.Client{Timeout: 5 * time.Second}
+	resp, err := hc.Get(c.base + "/readyz")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode == http.StatusOK {
+		return ""
+	}
+	return strings.TrimSpace(string(raw))
 }
 
 func pauseCmd(stdout, stderr io.Writer) *cobra.Command {
