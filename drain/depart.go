@@ -105,11 +105,14 @@ func (l *Lane) awaitDepartureTime(ctx context.Context) (ready, now, scheduled ti
 			return ready, now, scheduled, false, true
 		}
 		scheduled = at
-		if _, err := l.waiter.Wait(ctx, at, l.wake); err != nil {
+		woke, err := l.waiter.Wait(ctx, at, l.wake)
+		if err != nil {
 			return ready, now, scheduled, false, false
 		}
 		now = time.Now()
-		if l.bucket.Peek() == nil {
+		// Only a removal empties the bucket under the loop, and it wakes
+		// the loop (sweepExpired, Purge): a timed wait needs no look.
+		if woke && l.bucket.Peek() == nil {
 			return ready, now, scheduled, true, true
 		}
 	}
@@ -273,7 +276,9 @@ func (l *Lane) sweepExpired(now time.Time, headOnly bool) bool {
 		l.mu.Lock()
 		l.pacer.SetBusy(now, false)
 		l.mu.Unlock()
-		l.wakeDepartures() // a loop waiting for a hold's end has no head now
+		if !headOnly { // the loop's own sweep needs no wake
+			l.wakeDepartures() // a loop waiting for a hold's end has no head now
+		}
 	}
 	l.m.BucketDepth.Set(float64(l.bucket.Len()))
 	for _, m := range removed {
