@@ -71,7 +71,7 @@ func TestLoad_NATSSecurityFiles(t *testing.T) {
 	err := loadErr(t, laneYAML(nats(truncated, garbage, cert, otherKey)))
 	requireProblem(t, err, "nats.creds", truncated, "holds no valid user JWT")
 	requireProblem(t, err, "nats.tls.ca_file", garbage, "no PEM certificate")
-	requireProblem(t, err, "nats.tls.cert_file", "private key does not match public key")
+	requireProblem(t, err, "nats.tls.key_file", otherKey, "private key does not match public key")
 	seed := good[strings.Index(string(good), "SU") : strings.Index(string(good), "SU")+20]
 	if strings.Contains(err.Error(), string(seed)) || strings.Contains(err.Error(), "garbage\n") {
 		t.Errorf("an error quotes what a file holds: %v", err)

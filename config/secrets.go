@@ -347,7 +347,7 @@ func unexpandedRefs(c *Config, settings map[string]any) (warns []Warning) {
 			if _, expanded := c.templates[key]; expanded {
 				return
 			}
-			if m := envRef.FindString(x); m != "" && !slices.ContainsFunc(warns, func(w Warning) bool { return w.Key == key }) {
+			if m := envRef.FindString(x); m != "" {
 				warns = append(warns, Warning{Key: key, Message: m + " is not expanded in this key (only the keys that may hold secrets take ${ENV}: docs/configuration.md): the value is used as written"})
 			}
 		}

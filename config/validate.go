@@ -268,14 +268,15 @@ func (v *validator) natsSecurity() {
 		}
 		return
 	}
-	// A key SecretsOptional let be (unreadFiles) is not read again.
-	for key, path := range map[string]*string{"nats.creds": &sec.Creds, "nats.tls.ca_file": &sec.CAFile,
-		"nats.tls.cert_file": &sec.CertFile, "nats.tls.key_file": &sec.KeyFile} {
-		if v.p.skip(key) {
-			*path = ""
-		}
+	// A file SecretsOptional let be (unreadFiles) is not read again; a
+	// pair with one of them let be is not judged.
+	if v.p.skip("nats.creds") {
+		sec.Creds = ""
 	}
-	if (sec.CertFile == "") != (sec.KeyFile == "") && (v.p.skip("nats.tls.cert_file") || v.p.skip("nats.tls.key_file")) {
+	if v.p.skip("nats.tls.ca_file") {
+		sec.CAFile = ""
+	}
+	if v.p.skip("nats.tls.cert_file") || v.p.skip("nats.tls.key_file") {
 		sec.CertFile, sec.KeyFile = "", ""
 	}
 	for _, p := range sec.Check() {

@@ -116,7 +116,7 @@ func readFile(path string) ([]byte, error) {
 		if errors.As(err, &pe) {
 			err = pe.Err
 		}
-		return nil, fmt.Errorf("cannot read %q: %v", path, err)
+		return nil, fmt.Errorf("%q cannot be read: %v", path, err)
 	}
 	return b, nil
 }

@@ -1,8 +1,6 @@
 package sources
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +8,8 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+
+	"github.com/shaper-dev/shaper/sinks"
 )
 
 // Security is how the daemon authenticates to the NATS servers and encrypts
@@ -48,20 +48,16 @@ func (s Security) Check() []SecurityProblem {
 			add("nats.creds", "%s: %v", s.Creds, err)
 		}
 	}
-	if s.CAFile != "" {
-		if pem, err := os.ReadFile(s.CAFile); err != nil {
-			add("nats.tls.ca_file", "cannot be read: %v", err)
-		} else if !x509.NewCertPool().AppendCertsFromPEM(pem) {
-			add("nats.tls.ca_file", "%s: no PEM certificate in it", s.CAFile)
-		}
-	}
-	if s.CertFile != "" && s.KeyFile != "" {
-		// The error names the files and the format, never key material.
-		if _, err := tls.LoadX509KeyPair(s.CertFile, s.KeyFile); err != nil {
-			add("nats.tls.cert_file", "with nats.tls.key_file: %v", err)
-		}
-	} else if s.CertFile != "" || s.KeyFile != "" {
+	// The TLS files by the sink's rule (sinks.CheckTLS: the one place of
+	// it), under nats.tls; a certificate and its key go together.
+	files := sinks.TLSFiles{CAFile: s.CAFile}
+	if (s.CertFile == "") != (s.KeyFile == "") {
 		add("nats.tls.cert_file", "nats.tls.cert_file and nats.tls.key_file go together (a client certificate and its key)")
+	} else {
+		files.CertFile, files.KeyFile = s.CertFile, s.KeyFile
+	}
+	for _, p := range sinks.CheckTLS(files, "") {
+		add("nats."+p.Key, "%s", p.Message)
 	}
 	return ps
 }
