@@ -240,9 +240,10 @@ func joinClosest(at []time.Time, pairs [][2]time.Time, w time.Duration) *closest
 		return nil
 	}
 	c := &closestWindow{first: first, stamps: span}
-	// The quickest delay counts from the second request, as the pacer's
-	// does (the first pays the dial); fastThen is it once the window's
-	// first request reported.
+	// The quickest delay counts from the second request (the first pays
+	// the dial); fastThen is it once the window's first request reported:
+	// how slow the run's start was (the pacer judges the whole delay above
+	// 1,000/s, shaper.Pacer.Wire).
 	for j := range at {
 		if at[j].Before(pairs[j][0]) {
 			c.misordered++
@@ -908,8 +909,8 @@ func (r *Results) httpMarkdown() string {
 			lost := time.Duration(float64(time.Second)/lane.achieved - float64(time.Second)/httpRate)
 			w("Departure → wire: mean %s µs; the mean excess over it, max(delay − mean, 0), is %s µs per request,\n", fmtUs(lane.wireMean), fmtUs(lane.wireExcess))
 			w("against %s µs of time lost per request (1/achieved − 1/limit). Above 1,000/s the floor of the next\n", fmtUs(lost))
-			w("departure stays at the departures; a request whose wire report, less the quickest delay seen, is later\n")
-			w("than the make-up's lag (0.9 of an interval) moves the schedule, and at most (1 − min_spacing) of an\n")
+			w("departure stays at the departures; a request whose wire report is later than the make-up's lag (0.9\n")
+			w("of an interval) behind its schedule moves the schedule, and at most (1 − min_spacing) of an\n")
 			w("interval (%s µs) is made up per departure.\n\n",
 				fmtUs(time.Duration((1-shaper.DefaultMinSpacing)*float64(time.Second)/httpRate)))
 			w("The lane's own account (shaper_departure_lateness_forgiven_seconds_total): its schedule gave up\n")

@@ -141,7 +141,7 @@ func readFile(v *viper.Viper, path string) (_ string, raw []byte, haveFile bool,
 		return path, nil, true, warns, fmt.Errorf("config: %w", err)
 	}
 	if Empty(raw) {
-		return path, raw, true, warns, fmt.Errorf("config: %s is empty (a write still in progress?): nothing was applied", path)
+		return path, raw, true, warns, fmt.Errorf("config: %s is empty: it names no downstream (if it is being written, try again when the write is done)", path)
 	}
 	ext := strings.TrimPrefix(filepath.Ext(path), ".")
 	if !slices.Contains(viper.SupportedExts, ext) {

@@ -532,19 +532,35 @@ func TestPacerWindowsHoldAtTheWire(t *testing.T) {
 // bench's section 11 recorded when a 10 ms window at the downstream held
 // 52 (G1: 51). The make-up's lag judged against the usual delay let a
 // request at the lag's end and, 51 intervals later, a fast one span under
-// 10 ms; judged against the fast end of the delay (Pacer.Wire) every window
-// of 1 ms, 10 ms, 100 ms and 1 s holds W × limit + 1 at the wire.
+// 10 ms; judged against the whole delay (Pacer.Wire, above 1,000/s) every
+// window of 1 ms, 10 ms, 100 ms and 1 s holds W × limit + 1 at the wire.
+//
+// Seeds 21–40 start with a slow spell of 20–120 requests, as a run starts
+// while the pool dials its connections. Judged against the quickest delay
+// seen (the rule of sessions 18–24), the slow spell's quickest was too slow
+// for the requests after it, and a 10 ms window at the downstream held 52
+// in 2 runs of 4 of the bench's section 11. Judged against 60 µs (more
+// than the fast spell's delay) those seeds fail; against the usual delay,
+// the first 20 do.
 func TestPacerWindowsHoldWhenTheWireGetsFaster(t *testing.T) {
 	const limit = 5000
 	iv := Limit(limit).Interval()
-	for seed := uint64(1); seed <= 20; seed++ {
+	for seed := uint64(1); seed <= 40; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 0xfa57))
 		p := NewPacer(PacerConfig{Limit: limit}, t0)
 		now, ready := t0, t0
 		var wires []time.Time
 		slow := true
+		firstSpell := 0 // seeds 21–40: the run starts slow for this many requests
+		if seed > 20 {
+			firstSpell = 20 + rng.IntN(100)
+		}
 		for i := range 20000 {
-			if i%(100+rng.IntN(400)) == 0 {
+			switch {
+			case i < firstSpell:
+			case i == firstSpell && firstSpell > 0:
+				slow = false
+			case i%(100+rng.IntN(400)) == 0:
 				slow = !slow
 			}
 			at := p.Next(now)
