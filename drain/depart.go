@@ -105,7 +105,13 @@ func (l *Lane) awaitDepartureTime(ctx context.Context) (ready, now, scheduled ti
 			return ready, now, scheduled, false, true
 		}
 		scheduled = at
-		woke, err := l.waiter.Wait(ctx, at, l.wake)
+		var woke bool
+		var err error
+		if l.burstSpin && l.burst.spinFor(now, at) {
+			woke, err = l.spinUntil(ctx, at)
+		} else {
+			woke, err = l.waiter.Wait(ctx, at, l.wake)
+		}
 		if err != nil {
 			return ready, now, scheduled, false, false
 		}

@@ -45,10 +45,13 @@ func (l *Lane) fetchLoop() {
 		}
 		l.acks.flush() // before the pull: the server counts them out of max_ack_pending (ackbatch.go)
 		got := 0
+		l.burst.expect() // burst.go
 		err := l.src.Fetch(context.Background(), want, func(m *shaper.Message) {
 			got++
+			l.burst.arrived()
 			l.admit(m, !reject)
 		})
+		l.burst.end()
 		if !reject {
 			l.bucket.Release(want - got)
 		}

@@ -105,6 +105,8 @@ type Lane struct {
 	quota         laneQuota                 // rate.quota (quota.go)
 	standby       laneStandby               // source.standby (standby.go)
 
+	burst      fetchBurst    // a pull's messages expected or arriving (burst.go)
+	burstSpin  bool          // the departure loop spins its short waits during a burst (burst.go)
 	fetchStop  chan struct{} // closed: stop fetching
 	fetchDone  chan struct{} // closed when the fetch loop returned
 	departStop chan struct{} // closed: the departure loop must return now
@@ -168,6 +170,7 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 	if l.waiter == nil {
 		l.waiter = NewPreciseWaiter()
 	}
+	l.burstSpin = spinsOnTheClock(l.waiter) // burst.go
 	l.log = l.log.With("lane", name)
 	if wr, ok := sink.(WireReporter); ok && wr.ReportsWire() {
 		l.reportsWire = true // a replacement sink is of the same kind (Update)
