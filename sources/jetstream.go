@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -97,7 +98,8 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, name string, subj
 // saying so is logged to log, and nothing is changed (issue 12: changing
 // the retention of a stream in use changes what it keeps, or is refused by
 // the server). An existing stream that lacks some of subjects is extended
-// with them.
+// with them, and a warning names what was added (two lanes on one stream,
+// or a subject added to a lane).
 func EnsureStreamLimits(ctx context.Context, js jetstream.JetStream, name string, subjects []string,
 	limits *StreamLimits, log *slog.Logger) error {
 	st, err := js.Stream(ctx, name)
@@ -122,9 +124,16 @@ func EnsureStreamLimits(ctx context.Context, js jetstream.JetStream, name string
 		if len(missing) == 0 {
 			return nil
 		}
-		cfg.Subjects = append(cfg.Subjects, missing...)
+		have := cfg.Subjects
+		cfg.Subjects = append(slices.Clone(have), missing...)
 		if _, err := js.UpdateStream(ctx, cfg); err != nil {
 			return fmt.Errorf("stream %q does not capture %v and cannot be extended: %w", name, missing, err)
+		}
+		// A change to a stream someone else may own, which stays after the
+		// lane is gone: say so (found by a new-user pass; it was silent).
+		if log != nil {
+			log.Warn("existing stream extended with the lane's subjects it did not capture; remove them by hand if they were a mistake",
+				"stream", name, "added", missing, "subjects_before", have)
 		}
 		return nil
 	}

@@ -72,6 +72,21 @@ func TestEnsureStreamLimits(t *testing.T) {
 		t.Errorf("no warning naming the stream's and the configured retention:\n%s", logs.String())
 	}
 
+	// An existing stream that does not capture the lane's subjects is
+	// extended with them, and a warning names what was added (a new-user
+	// pass found the change silent).
+	logs.Reset()
+	if err := EnsureStreamLimits(ctx, js, "EXISTING", []string{"existing.>", "more.jobs"}, want, log); err != nil {
+		t.Fatal(err)
+	}
+	if got := info("EXISTING").Subjects; strings.Join(got, ",") != "existing.>,more.jobs" {
+		t.Errorf("existing stream's subjects %v, want [existing.> more.jobs]", got)
+	}
+	if l := logs.String(); !strings.Contains(l, "level=WARN") || !strings.Contains(l, "existing stream extended") ||
+		!strings.Contains(l, "added=[more.jobs]") || !strings.Contains(l, "subjects_before=[existing.>]") {
+		t.Errorf("no warning naming the subjects added to the stream:\n%s", l)
+	}
+
 	// source.replicas 3 against an existing R1 stream (issue 13): the stream
 	// keeps its replicas, with a warning naming both.
 	r3 := *want
