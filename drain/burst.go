@@ -35,9 +35,12 @@ const (
 	burstExpect = 2 * time.Millisecond
 	// burstTail is how long after a message the burst is taken to go on.
 	burstTail = 100 * time.Microsecond
-	// burstSpinBelow: only waits this short are spun (rates above about
-	// 2,000/s). Longer intervals leave a make-up lag (MakeUpLag) that a
-	// burst's delay fits in, and spinning them would cost CPU for nothing.
+	// burstSpinBelow: only lanes whose limit's interval is this short
+	// (above 2,000/s) spin, and only waits this short. Longer intervals
+	// leave a make-up lag (MakeUpLag) that a burst's delay fits in, and
+	// spinning there would cost CPU for nothing; a lane at 1,000/s that came
+	// back late to a short wait on a starved machine would spin what the
+	// sink and the downstream need.
 	burstSpinBelow = 500 * time.Microsecond
 )
 
@@ -54,11 +57,12 @@ func (b *fetchBurst) arrived() { b.until.Store(burstNow() + int64(burstTail)) }
 // end marks the pull ended.
 func (b *fetchBurst) end() { b.until.Store(0) }
 
-// spinFor reports whether a wait from now to at should be spun: it is
-// short and a burst is expected or under way.
-func (b *fetchBurst) spinFor(now, at time.Time) bool {
+// spinFor reports whether a wait from now to at, at a limit whose interval
+// is iv, should be spun: the interval and the wait are short, and a burst
+// is expected or under way.
+func (b *fetchBurst) spinFor(iv time.Duration, now, at time.Time) bool {
 	u := b.until.Load() // 0: no pull in progress
-	return at.Sub(now) < burstSpinBelow && u != 0 && burstNow() < u
+	return iv < burstSpinBelow && at.Sub(now) < burstSpinBelow && u != 0 && burstNow() < u
 }
 
 // spinUntil waits for at on the clock, holding the P (see fetchBurst); it

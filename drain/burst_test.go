@@ -10,18 +10,21 @@ import (
 // TestFetchBurstSpinFor: the departure loop spins a wait only while a
 // pull's messages are expected (up to burstExpect after the request) or
 // arriving (burstTail after each), and only a wait shorter than
-// burstSpinBelow (burst.go).
+// burstSpinBelow of a lane whose interval is shorter than that (burst.go).
 func TestFetchBurstSpinFor(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var b fetchBurst
-		short := func() bool { now := time.Now(); return b.spinFor(now, now.Add(100*time.Microsecond)) }
-		long := func() bool { now := time.Now(); return b.spinFor(now, now.Add(burstSpinBelow)) }
+		const iv = 100 * time.Microsecond // 10,000/s
+		short := func() bool { now := time.Now(); return b.spinFor(iv, now, now.Add(100*time.Microsecond)) }
+		long := func() bool { now := time.Now(); return b.spinFor(iv, now, now.Add(burstSpinBelow)) }
+		slowLane := func() bool { now := time.Now(); return b.spinFor(time.Millisecond, now, now.Add(100*time.Microsecond)) }
 		if short() {
 			t.Error("spun before any pull")
 		}
 		b.expect()
-		if !short() || long() {
-			t.Errorf("after a pull request: short wait spun %v (want true), a wait of burstSpinBelow %v (want false)", short(), long())
+		if !short() || long() || slowLane() {
+			t.Errorf("after a pull request: short wait spun %v (want true), a wait of burstSpinBelow %v (want false), a short wait at 1,000/s %v (want false)",
+				short(), long(), slowLane())
 		}
 		time.Sleep(burstExpect)
 		if short() {
