@@ -260,8 +260,12 @@ func TestChaosNATSServerRestart(t *testing.T) {
 		t.Errorf("lane %s paused by a pause refused while NATS was down: %+v", chaosLaneName, v)
 	}
 	time.Sleep(3*time.Second - time.Since(stopped))
-	r.nats.Start()
+	// The clock starts before Start: the daemon may reconnect, and /readyz
+	// turn 200, before Start returns (a clean-clone CI run on a VM that
+	// stole CPU recorded the change before a clock taken after Start, and
+	// found no change after it).
 	restarted := time.Now()
+	r.nats.Start()
 	if c, ok := rd.awaitChange(restarted, true, 15*time.Second); !ok {
 		t.Errorf("/readyz not 200 within 15s of the NATS server's restart")
 	} else {
