@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync/atomic"
 	"time"
+
+	"github.com/shaper-dev/shaper/shaper"
 )
 
 // A pull's messages reach the lane in a burst: nats.go's reader and fetch
@@ -51,18 +53,25 @@ func burstNow() int64 { return int64(time.Since(burstEpoch)) }
 // expect marks a pull request sent.
 func (b *fetchBurst) expect() { b.until.Store(burstNow() + int64(burstExpect)) }
 
-// arrived marks a message of the pull admitted.
-func (b *fetchBurst) arrived() { b.until.Store(burstNow() + int64(burstTail)) }
+// arrived marks a message of the pull, received at received (the source's
+// stamp, shaper.Message.Received: no clock read per message; the clock
+// when the source gave none).
+func (b *fetchBurst) arrived(received time.Time) {
+	if received.IsZero() {
+		received = time.Now()
+	}
+	b.until.Store(int64(received.Sub(burstEpoch)) + int64(burstTail))
+}
 
 // end marks the pull ended.
 func (b *fetchBurst) end() { b.until.Store(0) }
 
-// spinFor reports whether a wait from now to at, at a limit whose interval
-// is iv, should be spun: the interval and the wait are short, and a burst
-// is expected or under way.
-func (b *fetchBurst) spinFor(iv time.Duration, now, at time.Time) bool {
+// spinFor reports whether a wait from now to at, at limit, should be
+// spun: a burst is expected or under way, and the limit's interval and the
+// wait are short. Outside a burst it costs one atomic load.
+func (b *fetchBurst) spinFor(limit shaper.Limit, now, at time.Time) bool {
 	u := b.until.Load() // 0: no pull in progress
-	return iv < burstSpinBelow && at.Sub(now) < burstSpinBelow && u != 0 && burstNow() < u
+	return u != 0 && at.Sub(now) < burstSpinBelow && limit.Interval() < burstSpinBelow && burstNow() < u
 }
 
 // spinUntil waits for at on the clock, holding the P (see fetchBurst); it
@@ -84,12 +93,10 @@ func (l *Lane) spinUntil(ctx context.Context, at time.Time) (woke bool, err erro
 }
 
 // spinsOnTheClock reports whether the departure loop may spin on the clock
-// during a burst: only beside the precise waiter (or a wrapper of it, as
-// WithWaiter may pass), which runs on the real clock. On the fake clock of
-// testing/synctest a spin would never see the time move (TimerWaiter).
+// during a burst: only beside a waiter on the real clock (realClock). On
+// the fake clock of testing/synctest a spin would never see the time move
+// (TimerWaiter).
 func spinsOnTheClock(w Waiter) bool {
-	if u, wraps := w.(interface{ Unwrap() Waiter }); wraps {
-		w = u.Unwrap()
-	}
-	return isPrecise(w)
+	_, ok := realClock(w)
+	return ok
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/shaper-dev/shaper/shaper"
 )
 
 // TestFetchBurstSpinFor: the departure loop spins a wait only while a
@@ -14,10 +16,10 @@ import (
 func TestFetchBurstSpinFor(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var b fetchBurst
-		const iv = 100 * time.Microsecond // 10,000/s
-		short := func() bool { now := time.Now(); return b.spinFor(iv, now, now.Add(100*time.Microsecond)) }
-		long := func() bool { now := time.Now(); return b.spinFor(iv, now, now.Add(burstSpinBelow)) }
-		slowLane := func() bool { now := time.Now(); return b.spinFor(time.Millisecond, now, now.Add(100*time.Microsecond)) }
+		const limit = shaper.Limit(10000)
+		short := func() bool { now := time.Now(); return b.spinFor(limit, now, now.Add(100*time.Microsecond)) }
+		long := func() bool { now := time.Now(); return b.spinFor(limit, now, now.Add(burstSpinBelow)) }
+		slowLane := func() bool { now := time.Now(); return b.spinFor(1000, now, now.Add(100*time.Microsecond)) }
 		if short() {
 			t.Error("spun before any pull")
 		}
@@ -30,7 +32,7 @@ func TestFetchBurstSpinFor(t *testing.T) {
 		if short() {
 			t.Error("spun burstExpect after a pull request with no message (a pull that finds the stream empty)")
 		}
-		b.arrived()
+		b.arrived(time.Now())
 		time.Sleep(burstTail - time.Microsecond)
 		if !short() {
 			t.Error("did not spin within burstTail of a message")
@@ -43,6 +45,10 @@ func TestFetchBurstSpinFor(t *testing.T) {
 		b.end()
 		if short() {
 			t.Error("spun after the pull ended")
+		}
+		b.arrived(time.Time{}) // a source that stamps no Received: the clock
+		if !short() {
+			t.Error("did not spin after a message without a receive stamp")
 		}
 	})
 }
@@ -76,7 +82,7 @@ func TestSpinsOnTheClock(t *testing.T) {
 		t.Error("TimerWaiter spins: on synctest's fake clock a spin would never end")
 	}
 	p := NewPreciseWaiter()
-	if want := isPrecise(p); spinsOnTheClock(p) != want || spinsOnTheClock(wrapWaiter{p}) != want {
+	if _, want := p.(alarmMaker); spinsOnTheClock(p) != want || spinsOnTheClock(wrapWaiter{p}) != want {
 		t.Errorf("precise waiter: spins %v, wrapped %v; want %v", spinsOnTheClock(p), spinsOnTheClock(wrapWaiter{p}), want)
 	}
 }

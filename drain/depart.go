@@ -107,7 +107,7 @@ func (l *Lane) awaitDepartureTime(ctx context.Context) (ready, now, scheduled ti
 		scheduled = at
 		var woke bool
 		var err error
-		if l.burstSpin && l.burst.spinFor(l.conf().Rate.Limit.Interval(), now, at) {
+		if l.burstSpin && l.burst.spinFor(l.conf().Rate.Limit, now, at) {
 			woke, err = l.spinUntil(ctx, at)
 		} else {
 			woke, err = l.waiter.Wait(ctx, at, l.wake)

@@ -48,7 +48,7 @@ func (l *Lane) fetchLoop() {
 		l.burst.expect() // burst.go
 		err := l.src.Fetch(context.Background(), want, func(m *shaper.Message) {
 			got++
-			l.burst.arrived()
+			l.burst.arrived(m.Received)
 			l.admit(m, !reject)
 		})
 		l.burst.end()

@@ -71,6 +71,18 @@ type alarm interface {
 // (PreciseWaiter on Linux).
 type alarmMaker interface{ newAlarm() (alarm, error) }
 
+// realClock returns w, or the waiter a wrapper of it (WithWaiter) wraps, as
+// an alarmMaker: a waiter on the real clock (the precise waiter). It is
+// what lets the departure loop run tasks in line (setupRelay) and spin
+// during a pull's burst (burst.go); TimerWaiter, the fake clock's, is not.
+func realClock(w Waiter) (alarmMaker, bool) {
+	if u, wraps := w.(interface{ Unwrap() Waiter }); wraps {
+		w = u.Unwrap()
+	}
+	am, ok := w.(alarmMaker)
+	return am, ok
+}
+
 // The states of a follower (follower.state).
 const (
 	followerParked  int32 = iota // waiting for its alarm, which is disarmed
@@ -117,10 +129,7 @@ const (
 func (l *Lane) setupRelay() (mine, other *follower) {
 	r := &l.relay
 	r.wg.Add(1) // the departure loop's first goroutine
-	am, ok := l.waiter.(alarmMaker)
-	if u, wraps := l.waiter.(interface{ Unwrap() Waiter }); !ok && wraps {
-		am, ok = u.Unwrap().(alarmMaker) // a wrapper (WithWaiter)
-	}
+	am, ok := realClock(l.waiter)
 	if !ok {
 		return nil, nil
 	}

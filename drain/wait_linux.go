@@ -108,12 +108,6 @@ type PreciseWaiter struct {
 // plain timer if a timerfd cannot be created.
 func NewPreciseWaiter() Waiter { return &PreciseWaiter{early: 50 * time.Microsecond} }
 
-// isPrecise reports whether w is a PreciseWaiter (burst.go).
-func isPrecise(w Waiter) bool {
-	_, ok := w.(*PreciseWaiter)
-	return ok
-}
-
 // Bind creates the timerfd.
 func (w *PreciseWaiter) Bind() {
 	if w.f != nil || w.err != nil {

@@ -5,6 +5,3 @@ package drain
 // NewPreciseWaiter returns a TimerWaiter where timerfd is not available
 // (it is Linux-only): about 1 ms late per wake-up.
 func NewPreciseWaiter() Waiter { return TimerWaiter{} }
-
-// isPrecise is false: there is no precise waiter here (burst.go).
-func isPrecise(Waiter) bool { return false }

@@ -494,9 +494,16 @@ func (p *Pacer) Wire(departed, wired time.Time) bool {
 	// through the HTTP sink, and 95–96 % without it, its 1 ms and 10 ms
 	// windows held at the downstream's kernel stamps either way (bench
 	// section 11, docs/performance.md).
+	// left is when the request counts as having left: its wire report less
+	// the usual delay up to SpacingMaxRate, the report itself above (the
+	// whole delay is lateness, see the doc).
 	spaced := iv >= time.Second/SpacingMaxRate // up to SpacingMaxRate
-	if anchor := wired.Add(-min(usual, d)); anchor.After(p.last) && spaced {
-		p.last, moved = anchor, true
+	left := wired
+	if spaced {
+		left = wired.Add(-min(usual, d))
+		if left.After(p.last) {
+			p.last, moved = left, true
+		}
 	}
 	// The lag made up after this request counts from when it really left:
 	// a request that reached the wire late is a late departure, and the
@@ -511,10 +518,6 @@ func (p *Pacer) Wire(departed, wired time.Time) bool {
 	// CI run, at 98.8 and 99.2 % of its limit, TestDemoRunsClean, and passed
 	// on an idle machine; nothing below 1,000/s asked for the change, so it
 	// is not made there.)
-	left := wired
-	if spaced {
-		left = wired.Add(-min(usual, d))
-	}
 	if least := left.Add(iv - MakeUpLag(iv, p.slack, p.minSpacing)); p.tat.Before(least) {
 		p.forgivenWire += least.Sub(p.tat)
 		p.tat, moved = least, true
