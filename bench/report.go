@@ -34,6 +34,9 @@ func (r *Results) Markdown() string {
 		env.add("re-runs", fmt.Sprintf("%d cell(s) measured again because other processes used > %.0f %% of the machine", r.retries, 100*busyLimit))
 		env.add("waited for quiet", fmt.Sprintf("%s before cells (at most 5 s each, %s in all)", r.quietWait.Round(100*time.Millisecond), quietBudget))
 	}
+	if len(r.stalls) == 2 {
+		env.add("machine stalls", fmt.Sprintf("start: %s; end: %s (a thread spinning on each core, stalls.go)", r.stalls[0], r.stalls[1]))
+	}
 	w("%s\n", env.String())
 
 	w("## Headlines\n\n")
@@ -181,6 +184,9 @@ func (r *Results) headlines() []string {
 	p := r.plan
 	if r.load >= 0 {
 		hs = append(hs, fmt.Sprintf("Other processes used %s %% of this shared 2-core machine during the run; the *load %%* columns give it per cell, and precision suffers most where it is high.", fmtLoad(r.load)))
+	}
+	if h := r.stallHeadline(); h != "" {
+		hs = append(hs, h)
 	}
 	// Shaper's rate error and window bound.
 	var errs, over []string

@@ -125,6 +125,7 @@ type Results struct {
 	retries   int
 	quietWait time.Duration // spent waiting for a quiet machine
 	load      float64       // other processes' share of the machine over the run
+	stalls    []stallProbe  // the machine's stalls at the start and the end of a full run (stalls.go)
 
 	issue15Results // sections 6, 9 and 10 (issue15.go)
 }
@@ -234,6 +235,13 @@ func Run(opts Options) (*Results, error) {
 		return res.runE2EOnly(quiet, logf)
 	}
 
+	// What the machine itself takes from running threads, before the
+	// measurements and after them (stalls.go).
+	if !opts.Quick {
+		res.stalls = append(res.stalls, probeStalls(stallSpan))
+		logf("machine stalls at the start: %s", res.stalls[0])
+	}
+
 	// 1. Pacing precision.
 	for _, r := range p.rates {
 		for _, k := range res.kinds {
@@ -314,6 +322,8 @@ func Run(opts Options) (*Results, error) {
 	if !opts.Quick {
 		quiet()
 		res.longrun, res.longNotes = runLongRunSection(false, logf)
+		res.stalls = append(res.stalls, probeStalls(stallSpan))
+		logf("machine stalls at the end: %s", res.stalls[1])
 	}
 
 	res.took = time.Since(res.started)

@@ -63,10 +63,15 @@ func (r Result) Seconds() []Second {
 	return rows
 }
 
+// percentile is the p-th percentile of w by the nearest-rank method: the
+// smallest wait with at least p % of the waits at or below it (the p50 of
+// two waits is the lower one, the p99 of 100 the 99th, not the largest).
+// w must not be empty; p is in (0, 100].
 func percentile(w []time.Duration, p int) time.Duration {
 	w = slices.Clone(w)
 	slices.Sort(w)
-	return w[min(len(w)-1, len(w)*p/100)]
+	rank := (len(w)*p + 99) / 100 // ceil(p/100 × n), 1-based
+	return w[max(0, min(len(w), rank)-1)]
 }
 
 // WriteTable prints the demo's per-second table: arrived, departed, bucket

@@ -290,3 +290,38 @@ func TestSVGStructure(t *testing.T) {
 		t.Error("title not escaped")
 	}
 }
+
+// TestPercentileNearestRank: the report's p50 and p99 follow the
+// nearest-rank definition, so a second with two waits shows the lower as its
+// p50 (a new-user pass saw the upper), and the p99 of 100 waits is the 99th,
+// not the largest.
+func TestPercentileNearestRank(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		w := make([]time.Duration, len(v))
+		for i, x := range v {
+			w[i] = time.Duration(x) * time.Millisecond
+		}
+		return w
+	}
+	hundred := make([]int, 100)
+	for i := range hundred {
+		hundred[i] = 100 - i // unsorted on purpose
+	}
+	for _, tc := range []struct {
+		w    []time.Duration
+		p    int
+		want time.Duration
+	}{
+		{ms(7), 50, 7 * time.Millisecond},
+		{ms(9, 3), 50, 3 * time.Millisecond},
+		{ms(9, 3), 99, 9 * time.Millisecond},
+		{ms(1, 2, 3), 50, 2 * time.Millisecond},
+		{ms(hundred...), 50, 50 * time.Millisecond},
+		{ms(hundred...), 99, 99 * time.Millisecond},
+		{ms(hundred...), 100, 100 * time.Millisecond},
+	} {
+		if got := percentile(tc.w, tc.p); got != tc.want {
+			t.Errorf("percentile(%v, %d) = %v, want %v", tc.w, tc.p, got, tc.want)
+		}
+	}
+}
