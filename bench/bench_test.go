@@ -19,6 +19,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envHTTPDownstream) == "1" {
 		os.Exit(serveHTTPDownstream(os.Stdin, os.Stdout))
 	}
+	if span := os.Getenv(envStallProbe); span != "" {
+		os.Exit(stallChild(span, os.Stdout))
+	}
 	if len(os.Args) == 3 && os.Args[1] == "-large-child" {
 		os.Exit(largeChild(os.Args[2], os.Stdout))
 	}

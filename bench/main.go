@@ -41,6 +41,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if os.Getenv(envHTTPDownstream) == "1" { // section 11's downstream process
 		return serveHTTPDownstream(os.Stdin, stdout)
 	}
+	if span := os.Getenv(envStallProbe); span != "" { // the stall probe's process (stalls.go)
+		return stallChild(span, stdout)
+	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	quick := fs.Bool("quick", false, "short run (under 60 s) for CI: fewer departures and messages")

@@ -238,8 +238,7 @@ func Run(opts Options) (*Results, error) {
 	// What the machine itself takes from running threads, before the
 	// measurements and after them (stalls.go).
 	if !opts.Quick {
-		res.stalls = append(res.stalls, probeStalls(stallSpan))
-		logf("machine stalls at the start: %s", res.stalls[0])
+		res.probeStalls("start", logf)
 	}
 
 	// 1. Pacing precision.
@@ -322,8 +321,7 @@ func Run(opts Options) (*Results, error) {
 	if !opts.Quick {
 		quiet()
 		res.longrun, res.longNotes = runLongRunSection(false, logf)
-		res.stalls = append(res.stalls, probeStalls(stallSpan))
-		logf("machine stalls at the end: %s", res.stalls[1])
+		res.probeStalls("end", logf)
 	}
 
 	res.took = time.Since(res.started)

@@ -23,6 +23,19 @@ func TestProbeStalls(t *testing.T) {
 	t.Log(p)
 }
 
+// TestProbeStallsApart: the probe's process spins and its line is read
+// back whole.
+func TestProbeStallsApart(t *testing.T) {
+	p, err := probeStallsApart(50 * time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.span != 50*time.Millisecond || p.threads != runtime.GOMAXPROCS(0) || p.lost < 0 || p.gaps < p.over1ms {
+		t.Fatalf("probe read back as %+v", p)
+	}
+	t.Log(p)
+}
+
 // TestStallShare: the share is the lost time over all threads' spans, and the
 // headline names both probes and the worse share.
 func TestStallShare(t *testing.T) {
