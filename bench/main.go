@@ -18,7 +18,9 @@
 //	go run ./bench -section throughput|e2e [-rate R] [-cpuprofile FILE]
 //	                          # section 3 or 4 alone (4 at rate R only), on stdout only
 //
-// It prints the same Markdown on stdout and its progress on stderr.
+// It prints the same Markdown on stdout and its progress on stderr. A full
+// run also measures what the machine itself takes from running threads, at
+// its start and its end (stalls.go), and prints it in the run table.
 package main
 
 import (
