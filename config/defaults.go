@@ -31,6 +31,15 @@ const (
 	DefaultRedisTimeout   = 50 * time.Millisecond // redis.timeout
 )
 
+// MinAckWait is the shortest source.ack_wait a config may set. A lane keeps
+// the messages it holds (in the bucket, in a task) with in-progress acks
+// sent every ack_wait / 4, at least 50 ms apart (drain's house loop), and
+// each must reach the server before ack_wait runs out (SPEC G7). Below about
+// 200 ms they cannot, and above it a round trip to a loaded server or a
+// stalled VM eats the margin: a new-user pass set 1ms and the downstream got
+// two messages twice, after hundreds of redeliveries (TestLoad_AckWaitMinimum).
+const MinAckWait = time.Second
+
 // Defaults of SPEC §4 for every lane. rate.limit, source.stream,
 // source.subjects and sink.kind have none: they are required. Keys not
 // listed default to zero (max_ack_pending, max_wait, max_age, slack,

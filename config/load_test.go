@@ -347,6 +347,8 @@ func TestLoad_Broken(t *testing.T) {
 			key: lanePfx + "sink.success_status[1]", want: []string{`"600"`}},
 		{name: "retryable status", text: laneYAML("", "sink: {kind: http, url: http://x/, retryable_status: [409, 99]}"),
 			key: lanePfx + "sink.retryable_status[1]", want: []string{"99"}},
+		{name: "retryable status also a success", text: laneYAML("", "sink: {kind: http, url: http://x/, success_status: [2xx], retryable_status: [404, 200]}"),
+			key: lanePfx + "sink.retryable_status[1]", want: []string{"200 is also a success_status", "never retried"}},
 		{name: "reserved header", text: laneYAML("", "sink: {kind: http, url: http://x/, headers: {Idempotency-Key: x}}"),
 			key: lanePfx + "sink.headers.idempotency-key", want: []string{`"Idempotency-Key"`, "reserved"}},
 		{name: "header value not a string", text: laneYAML("", "sink: {kind: http, url: http://x/, headers: {x-a: [1]}}"),

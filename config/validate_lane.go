@@ -61,7 +61,9 @@ func (v *validator) laneSource(k func(string) string, nameOK bool, l Lane) {
 			v.check(false, k("source.consumer"), "%q is not a valid consumer name: %s", l.Source.Consumer, why)
 		}
 	}
-	v.check(l.Source.AckWait > 0, k("source.ack_wait"), "must be > 0, got %s", l.Source.AckWait)
+	v.check(l.Source.AckWait >= MinAckWait, k("source.ack_wait"),
+		"must be at least %s, got %s: the lane keeps held messages with in-progress acks sent every ack_wait / 4 (SPEC G7), and a shorter one lets the server redeliver messages the lane still holds",
+		MinAckWait, l.Source.AckWait)
 	// No rule ties ack_wait to task.timeout: a running task keeps its
 	// message with in-progress acks, so a sink call may outlive ack_wait
 	// (SPEC G7, issue 13; TestTaskOutlivesAckWait). ackWaitWarning warns

@@ -61,8 +61,13 @@ func CheckHTTP(cfg HTTPConfig) []*ConfigProblem {
 		}
 	}
 	for i, code := range cfg.RetryableStatus {
-		if code < 100 || code > 599 {
+		switch {
+		case code < 100 || code > 599:
 			add(fmt.Sprintf("retryable_status[%d]", i), "must be a status code 100-599, got %d", code)
+		case set.has(code):
+			// A response is a success first (SPEC §3 Retries): the code
+			// would never be retried. A new-user pass listed 200 in both.
+			add(fmt.Sprintf("retryable_status[%d]", i), "%d is also a success_status: such a response is acked, never retried; list it in one of the two", code)
 		}
 	}
 	return ps

@@ -414,6 +414,7 @@ func TestNewHTTPConfigErrors(t *testing.T) {
 		{"bad header name", sinks.HTTPConfig{URL: "http://x", Headers: map[string]string{"A B": "v"}}, []string{"headers.A B:"}},
 		{"bad success", sinks.HTTPConfig{URL: "http://x", SuccessStatus: []string{"2xx", "20x", "600", "abc"}}, []string{`success_status[1]: "20x"`, `success_status[2]: "600"`, `success_status[3]: "abc"`}},
 		{"bad retryable", sinks.HTTPConfig{URL: "http://x", RetryableStatus: []int{409, 42}}, []string{"retryable_status[1]: must be a status code 100-599, got 42"}},
+		{"retryable also a success", sinks.HTTPConfig{URL: "http://x", SuccessStatus: []string{"2xx", "409"}, RetryableStatus: []int{409, 503}}, []string{"retryable_status[0]: 409 is also a success_status"}},
 		{"all at once", sinks.HTTPConfig{URL: "nope", Method: "A B", SuccessStatus: []string{"x"}}, []string{"url:", "method", "success_status[0]"}},
 	}
 	for _, tt := range tests {

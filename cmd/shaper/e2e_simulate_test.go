@@ -139,8 +139,36 @@ downstreams:
 		!strings.Contains(errb.String(), "simulate: --svg: open /nonexistent/x.svg") {
 		t.Errorf("simulate with an unwritable --svg: exit %d, stderr %q; want 1 and the flag named", code, errb.String())
 	}
+	// Only the simulated lane's warnings are printed (and those of no lane).
+	two := writeFile(t, "two.yaml", `
+downstreams:
+  quiet:
+    source: { stream: Q, subjects: ["q.>"] }
+    rate: { limit: 10/s }
+    sink: { kind: log }
+  warned:
+    source: { stream: W, subjects: ["w.>"], ack_wait: 1s }
+    rate: { limit: 10/s }
+    sink: { kind: log }
+`)
+	for lane, want := range map[string]bool{"quiet": false, "Warned": true} {
+		errb.Reset()
+		if code := run([]string{"simulate", "-c", two, "--lane", lane, "--burst", "3"}, &out, &errb); code != exitOK {
+			t.Errorf("simulate --lane %s: exit %d: %s", lane, code, errb.String())
+		} else if got := strings.Contains(errb.String(), "downstreams.warned.source.ack_wait: warning"); got != want {
+			t.Errorf("simulate --lane %s: the other lane's warning printed %v, want %v: %q", lane, got, want, errb.String())
+		}
+	}
+	// A trickle alone is a trace too (a new-user pass found it refused).
+	out.Reset()
+	if code := run([]string{"simulate", "-c", cfg, "--lane", "p", "--trickle", "5", "--for", "2s"}, &out, &errb); code != exitOK ||
+		!strings.Contains(out.String(), "; 5/s for 2s\n") || !strings.Contains(out.String(), "summary: arrived 10, delivered 10") {
+		t.Errorf("simulate --trickle 5 --for 2s: exit %d, stdout %q", code, out.String())
+	}
 	for _, args := range [][]string{
 		{"simulate", "-c", cfg, "--lane", "nope", "--burst", "5"},
+		{"simulate", "-c", cfg, "--lane", "p", "--trickle", "0.1", "--for", "2s"}, // no arrival within 2 s
+		{"simulate", "-c", cfg, "--lane", "p", "--trickle", "5", "--for", "2s", "--trace", trace},
 		{"simulate", "-c", cfg, "--lane", "p"},
 		{"simulate", "-c", cfg, "--lane", "p", "--burst", "5", "--trace", trace},
 		{"simulate", "-c", cfg, "--lane", "p", "--burst", "5", "--trickle", "3"},

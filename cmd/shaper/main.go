@@ -87,10 +87,29 @@ func load(cmd *cobra.Command, stderr io.Writer, opts ...config.LoadOption) (*con
 	}
 	if cmd.Name() != "run" { // run logs them with its own logger
 		for _, w := range warns {
-			fmt.Fprintln(stderr, w.String())
+			if !aboutOtherLane(cmd, w.Key) {
+				fmt.Fprintln(stderr, w.String())
+			}
 		}
 	}
 	return cfg, warns, nil
+}
+
+// aboutOtherLane reports whether a warning at key concerns a lane other than
+// the one a command runs (simulate --lane): a new-user pass read another
+// lane's ack_wait warning above a simulation that did not use it. Keys
+// outside downstreams (nats.creds, ...) concern every lane.
+func aboutOtherLane(cmd *cobra.Command, key string) bool {
+	f := cmd.Flags().Lookup("lane")
+	if f == nil || f.Value.String() == "" {
+		return false
+	}
+	rest, ok := strings.CutPrefix(key, "downstreams.")
+	if !ok {
+		return false
+	}
+	name, _, _ := strings.Cut(rest, ".")
+	return name != strings.ToLower(f.Value.String())
 }
 
 // addConfigFlags adds -c/--config and the flags that override keys of the

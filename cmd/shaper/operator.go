@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -311,12 +312,7 @@ func deadLettersCmd(stdout, stderr io.Writer) *cobra.Command {
 			if err := c.call(http.MethodGet, "/v1/lanes/"+url.PathEscape(args[0])+"/dead-letters?"+q.Encode(), nil, &dls); err != nil || c.output == "json" {
 				return err
 			}
-			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SEQ\tTIME\tREASON\tATTEMPTS\tSTATUS\tKEY\tLAST ERROR")
-			for _, d := range dls {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\n", d.Seq, d.Time.Format(time.RFC3339), d.Reason, d.Attempts, d.LastStatus, d.Key, d.LastError)
-			}
-			return tw.Flush()
+			return writeDeadLetters(stdout, dls)
 		},
 	}
 	filterFlags(list, "limit")
@@ -365,4 +361,21 @@ func printLanes(w io.Writer, views []admin.LaneView) {
 			v.Depth, v.Capacity, v.InFlight, v.DeadLetters, strings.TrimSpace(note))
 	}
 	_ = tw.Flush()
+}
+
+// writeDeadLetters prints dead letters as the table of `dead-letters list`.
+// STATUS is "-" for a dead letter with no answer on record (Shaper-Last-Status
+// absent: dead-lettered before this delivery reached the sink, or no HTTP
+// answer), not 0, which read as "the downstream answered 0" (a new-user pass).
+func writeDeadLetters(w io.Writer, dls []sources.DeadLetter) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tTIME\tREASON\tATTEMPTS\tSTATUS\tKEY\tLAST ERROR")
+	for _, d := range dls {
+		status := "-"
+		if d.LastStatus != 0 {
+			status = strconv.Itoa(d.LastStatus)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", d.Seq, d.Time.Format(time.RFC3339), d.Reason, d.Attempts, status, d.Key, d.LastError)
+	}
+	return tw.Flush()
 }

@@ -4,9 +4,11 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shaper-dev/shaper/cmd/shaper/internal/admin"
 	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/sources"
 )
 
 // TestOperatorUnknownSubcommand: "shaper dead-letters frob LANE" is a usage
@@ -73,5 +75,27 @@ func TestPrintLanesRates(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("shaper lanes lacks %q:\n%s", want, b.String())
 		}
+	}
+}
+
+// TestDeadLetterTableStatus: the table of `dead-letters list` shows "-" for a
+// dead letter with no status on record (Shaper-Last-Status absent, README),
+// not 0, and the status where there is one.
+func TestDeadLetterTableStatus(t *testing.T) {
+	var b strings.Builder
+	at := time.Date(2026, 12, 6, 20, 0, 0, 0, time.UTC)
+	if err := writeDeadLetters(&b, []sources.DeadLetter{
+		{Seq: 1, Time: at, Reason: "invalid", Attempts: 1, Key: "k-1", LastError: "bad Shaper-Deadline"},
+		{Seq: 2, Time: at, Reason: "rejected_by_sink", Attempts: 1, LastStatus: 410, Key: "k-2", LastError: "410 Gone"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("table:\n%s", b.String())
+	}
+	col := func(line string) string { return strings.Fields(line)[4] }
+	if col(lines[1]) != "-" || col(lines[2]) != "410" {
+		t.Errorf("STATUS column %q and %q, want - and 410:\n%s", col(lines[1]), col(lines[2]), b.String())
 	}
 }

@@ -26,7 +26,7 @@ func simulateCmd(stdout, stderr io.Writer) *cobra.Command {
 		dur, latency     time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "simulate --lane LANE (--trace FILE | --burst N [--trickle RATE --for D]) [--svg FILE]",
+		Use:   "simulate --lane LANE (--trace FILE | --burst N [--trickle RATE --for D] | --trickle RATE --for D) [--svg FILE]",
 		Short: "Run a lane's rules on a virtual clock against a trace; print the per-second table and a summary",
 		Long: `Runs the lane's own pacer, bucket (fairness included), overflow, max_wait, max_age,
 warmup, quota and max_in_flight on a virtual clock, with no NATS and no sink, against a
@@ -38,8 +38,10 @@ departures and bucket depth over time.`,
 			usage := func(format string, a ...any) error {
 				return &exitError{code: exitUsage, err: fmt.Errorf("simulate: "+format, a...)}
 			}
-			if (trace == "") == (burst == 0) {
-				return usage("give one of --trace FILE or --burst N")
+			// A synthetic trace is a burst, a trickle, or a burst then a
+			// trickle (a new-user pass found --trickle alone refused).
+			if synthetic := burst != 0 || trickle != 0; (trace == "") == !synthetic {
+				return usage("give one of --trace FILE, --burst N or --trickle RATE --for D")
 			}
 			if burst < 0 || trickle < 0 || dur < 0 || latency < 0 {
 				return usage("--burst, --trickle, --for and --sink-latency must be ≥ 0")
@@ -77,9 +79,16 @@ departures and bucket depth over time.`,
 				what = fmt.Sprintf("trace %s (%d arrivals)", trace, len(arrivals))
 			} else {
 				arrivals = simulate.Burst(burst, trickle, dur)
-				what = fmt.Sprintf("%d at once", burst)
+				var parts []string
+				if burst > 0 {
+					parts = append(parts, fmt.Sprintf("%d at once", burst))
+				}
 				if trickle > 0 {
-					what += fmt.Sprintf(", then %g/s for %s", trickle, dur)
+					parts = append(parts, fmt.Sprintf("%g/s for %s", trickle, dur))
+				}
+				what = strings.Join(parts, ", then ")
+				if len(arrivals) == 0 {
+					return usage("--trickle %g/s for %s makes no arrival: the first comes one interval (1/RATE) in", trickle, dur)
 				}
 			}
 			res := simulate.Run(lc, arrivals, simulate.Options{SinkLatency: latency})
@@ -110,7 +119,7 @@ departures and bucket depth over time.`,
 	f.StringVar(&lane, "lane", "", "the lane (downstreams.<lane>) whose rules to run (required)")
 	f.StringVar(&trace, "trace", "", `arrival trace: CSV "time_offset_seconds[,key]" or JSON lines {"at": s, "key": k}`)
 	f.IntVar(&burst, "burst", 0, "synthetic trace: N arrivals at once")
-	f.Float64Var(&trickle, "trickle", 0, "with --burst: then RATE arrivals per second")
+	f.Float64Var(&trickle, "trickle", 0, "RATE arrivals per second for --for D (after --burst N if given)")
 	f.DurationVar(&dur, "for", 0, "with --trickle: for this long")
 	f.DurationVar(&latency, "sink-latency", 0, "how long each sink call takes (holds a max_in_flight slot)")
 	f.StringVar(&svg, "svg", "", "also draw arrivals, departures and depth to this SVG file")
