@@ -124,14 +124,8 @@ func TestHTTPWireRate(t *testing.T) {
 			// and requests that reached the wire that late (cause wire); it
 			// reports both (shaper_departure_lateness_forgiven_seconds_total).
 			// A request lost another way fails the ledger. The 0.5 % of G1
-			// is asserted where that lateness is under 0.25 % of the run: how
-			// much of it there is, is the machine's, and the other half of
-			// the tolerance is left for the losses no ledger entry names (the
-			// run's edges, a warmup's tail). Gated at 0.5 %, a run whose
-			// lateness came just under the gate had to lose nothing else: a
-			// clean-clone CI run on a VM that stalls busy threads for
-			// milliseconds gave up 0.485 % to lateness and was 0.585 % short,
-			// its ledger holding with 38 requests to spare (session 26). On one VM whose timer
+			// is asserted where that lateness is under 0.5 % of the run: how
+			// much of it there is, is the machine's. On one VM whose timer
 			// wake-ups were 110–190 µs late at the median and 1.3–1.9 ms at
 			// p99 (nanosleep), 0.3 % of the departures left 0.75 ms or more
 			// late and the run gave up 0.3–5 % (−1.1 to −5.6 % at the
@@ -144,10 +138,10 @@ func TestHTTPWireRate(t *testing.T) {
 			if off := r.rate/float64(tc.limit) - 1; math.Abs(off) > 0.005 {
 				msg := fmt.Sprintf("rate at the downstream %.2f/s over %v, %+.3f%% off %d/s (allowed 0.5%%); lateness beyond the make-up gave up %.1f requests of %.0f",
 					r.rate, r.span.Round(time.Millisecond), 100*off, tc.limit, forgiven, r.allowed)
-				if off > 0 || forgiven <= 0.0025*r.allowed {
+				if off > 0 || forgiven <= 0.005*r.allowed {
 					check(tc.reliable && !raceEnabled, msg)
 				} else {
-					t.Log("SPEC G1, the machine's lateness (logged, asserted where under 0.25 % of the run; the ledger above holds the rest): " + msg)
+					t.Log("SPEC G1, the machine's lateness (logged, asserted where under 0.5 % of the run): " + msg)
 				}
 			}
 			iv := time.Second / time.Duration(tc.limit)
