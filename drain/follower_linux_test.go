@@ -21,9 +21,15 @@ import (
 // the lane runs short tasks in line (follower.go).
 func preciseHarness(t *testing.T, cfg config.Lane, sink *recSink) *harness {
 	t.Helper()
+	return waiterHarness(t, cfg, sink, NewPreciseWaiter())
+}
+
+// waiterHarness is newHarness with the waiter w on the real clock.
+func waiterHarness(t *testing.T, cfg config.Lane, sink *recSink, w Waiter) *harness {
+	t.Helper()
 	h := &harness{t: t, src: sourcetest.NewMem(cfg.Source.AckWait), sink: sink, dead: &recSink{}, reg: prometheus.NewRegistry()}
 	h.m = metrics.New(h.reg).Lane("test", float64(cfg.Rate.Limit))
-	l, err := New("test", cfg, h.src, sink, WithWaiter(NewPreciseWaiter()), WithMetrics(h.m), WithDeadLetter(h.dead))
+	l, err := New("test", cfg, h.src, sink, WithWaiter(w), WithMetrics(h.m), WithDeadLetter(h.dead))
 	if err != nil {
 		t.Fatal(err)
 	}
