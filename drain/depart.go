@@ -32,22 +32,29 @@ func (l *Lane) departLoop(mine, other *follower) {
 func (l *Lane) nextDeparture(ctx context.Context) (*shaper.Message, time.Time, bool) {
 	// 1. A message at the head (expired ones go to the dead letter
 	// without taking a departure).
-	if !l.awaitHead(ctx) {
+	head, headWaited, ok := l.awaitHead(ctx)
+	if !ok {
 		return nil, time.Time{}, false
 	}
 	// 2. A free task slot (G5: at most max_in_flight at once).
-	if !l.slots.acquire(ctx) {
+	unfull, slotWaited, ok := l.slots.acquire(ctx)
+	if !ok {
 		return nil, time.Time{}, false
 	}
 	// While the source is disconnected, hold departures: a delivery's
 	// ack could not reach the server, and the message would likely be
 	// delivered again after the reconnect.
-	if !l.awaitConnected(ctx) {
+	connWaited, ok := l.awaitConnected(ctx)
+	if !ok {
 		l.slots.release()
 		return nil, time.Time{}, false
 	}
+	var since time.Time // when the work was ready, if the loop waited for none of it
+	if !headWaited && !slotWaited && !connWaited {
+		since = l.readySince(head, unfull)
+	}
 	// 3. The pacer's time. A pause (Retry-After) wakes the wait.
-	ready, now, scheduled, gone, ok := l.awaitDepartureTime(ctx)
+	ready, now, scheduled, gone, ok := l.awaitDepartureTime(ctx, since)
 	if !ok {
 		l.slots.release()
 		return nil, time.Time{}, false
@@ -68,6 +75,37 @@ func (l *Lane) nextDeparture(ctx context.Context) (*shaper.Message, time.Time, b
 	return m, now, true
 }
 
+// readySince is when the work of a departure that waited for nothing (a
+// head, a task slot, the source's connection) was ready: at the previous
+// departure, or later when the head was admitted after it (the bucket
+// emptied and refilled while the loop was away) or when a task slot was
+// freed after all were taken (unfull). The zero time before the first
+// departure: then the work is ready when the loop looks.
+//
+// Stamping the clock when the loop comes back instead turned the loop's
+// own delay into idle time: a task run in line that overran its turn, a
+// follower that woke late, or a thread the machine stalled between two
+// departures made the work look ready late, and Pacer.Depart neither made
+// the lateness up (MakeUpLag) nor counted it as forgiven. At 1,000/s
+// through the HTTP sink with -race the departures fell 35 requests of
+// 10,100 shorter than the lateness the pacer reported (TestHTTPWireRate's
+// ledger; docs/lessons.md, session 27).
+func (l *Lane) readySince(head *shaper.Message, unfull time.Time) time.Time {
+	l.mu.Lock()
+	since := l.lastDeparture
+	l.mu.Unlock()
+	if since.IsZero() {
+		return since
+	}
+	if head.Admitted.After(since) {
+		since = head.Admitted
+	}
+	if unfull.After(since) {
+		since = unfull
+	}
+	return since
+}
+
 // awaitDepartureTime waits until the next message may leave: the breaker
 // lets it (breaker.go), the pacer's time, an operator's hold (control.go),
 // the previous request's write (WireReporter) and the shared schedule's
@@ -77,10 +115,14 @@ func (l *Lane) nextDeparture(ctx context.Context) (*shaper.Message, time.Time, b
 // was found empty after a wait (max_age and a purge remove messages while
 // the lane is held: the loop waits for a head again, and a drain sees the
 // bucket empty instead of waiting out its timeout); false when the loop
-// must end.
-func (l *Lane) awaitDepartureTime(ctx context.Context) (ready, now, scheduled time.Time, gone, ok bool) {
-	ready = time.Now()
-	now = ready
+// must end. since is when the work was ready, if earlier than now
+// (readySince; the zero time: now).
+func (l *Lane) awaitDepartureTime(ctx context.Context, since time.Time) (ready, now, scheduled time.Time, gone, ok bool) {
+	now = time.Now()
+	ready = now
+	if !since.IsZero() && since.Before(now) {
+		ready = since
+	}
 	scheduled = now // the instant the departure was due (lateness metric)
 	l.takeover(now) // source.standby (standby.go)
 	for {
@@ -189,12 +231,12 @@ func (l *Lane) depart(m *shaper.Message, empty bool, ready, now, scheduled time.
 	l.tasks.Add(1)
 }
 
-// awaitConnected waits while the source reports it is disconnected; false
-// when ctx ended first.
-func (l *Lane) awaitConnected(ctx context.Context) bool {
-	c, ok := l.src.(Connector)
-	if !ok || c.Connected() {
-		return true
+// awaitConnected waits while the source reports it is disconnected; it
+// reports whether it waited, and false when ctx ended first.
+func (l *Lane) awaitConnected(ctx context.Context) (waited, ok bool) {
+	c, conn := l.src.(Connector)
+	if !conn || c.Connected() {
+		return false, true
 	}
 	l.log.Warn("source disconnected: departures held until it reconnects")
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -202,30 +244,33 @@ func (l *Lane) awaitConnected(ctx context.Context) bool {
 	for !c.Connected() {
 		select {
 		case <-ctx.Done():
-			return false
+			return true, false
 		case <-tick.C:
 		}
 	}
 	l.log.Info("source reconnected: departures resume")
-	return true
+	return true, true
 }
 
 // awaitHead waits until the bucket has a deliverable message at its head,
-// dead-lettering expired ones (bucket.max_age, Shaper-Deadline). It returns false when the
-// loop must end: stopped, or draining with the bucket empty and fetching over.
-func (l *Lane) awaitHead(ctx context.Context) bool {
+// dead-lettering expired ones (bucket.max_age, Shaper-Deadline), and
+// returns it; waited reports whether it waited for one (readySince). ok is
+// false when the loop must end: stopped, or draining with the bucket empty
+// and fetching over.
+func (l *Lane) awaitHead(ctx context.Context) (head *shaper.Message, waited, ok bool) {
 	for {
-		if l.bucket.Peek() != nil {
+		if head = l.bucket.Peek(); head != nil {
 			// Expired messages at the head need no slot and no wait.
 			if l.expiryOn() && l.sweepExpired(time.Now(), true) {
 				continue
 			}
-			return true
+			return head, waited, true
 		}
+		waited = true
 		select {
 		case <-l.fetchDone: // closes only when a drain stopped fetching
 			if l.bucket.Len() == 0 {
-				return false
+				return nil, waited, false
 			}
 			continue
 		default:
@@ -234,7 +279,7 @@ func (l *Lane) awaitHead(ctx context.Context) bool {
 		case <-l.bucket.NonEmpty():
 		case <-l.fetchDone:
 		case <-ctx.Done():
-			return false
+			return nil, waited, false
 		}
 	}
 }

@@ -3,6 +3,7 @@ package drain
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // semaphore bounds the tasks running at once (task.max_in_flight, SPEC G5).
@@ -14,32 +15,44 @@ type semaphore struct {
 	n     int
 	limit int
 	freed chan struct{}
+	// unfull is when the last slot was freed after all were taken: since
+	// then a slot has been free (until the next acquire fills them again).
+	unfull time.Time
 }
 
 func newSemaphore(limit int) *semaphore {
 	return &semaphore{limit: max(1, limit), freed: make(chan struct{}, 1)}
 }
 
-// acquire takes a slot, waiting for one; false when ctx ended first.
-func (s *semaphore) acquire(ctx context.Context) bool {
+// acquire takes a slot, waiting for one; ok false when ctx ended first.
+// It reports whether it waited, and when all slots were last full and
+// one was freed (the zero time if never): a slot taken without waiting
+// had been free since then at the latest, or since the caller's previous
+// acquire (depart.go, readySince).
+func (s *semaphore) acquire(ctx context.Context) (unfull time.Time, waited, ok bool) {
 	for {
 		s.mu.Lock()
 		if s.n < s.limit {
 			s.n++
+			unfull = s.unfull
 			s.mu.Unlock()
-			return true
+			return unfull, waited, true
 		}
 		s.mu.Unlock()
+		waited = true
 		select {
 		case <-s.freed:
 		case <-ctx.Done():
-			return false
+			return time.Time{}, waited, false
 		}
 	}
 }
 
 func (s *semaphore) release() {
 	s.mu.Lock()
+	if s.n == s.limit { // all were taken: one is free from now
+		s.unfull = time.Now()
+	}
 	s.n--
 	s.mu.Unlock()
 	notify(s.freed)
@@ -47,6 +60,9 @@ func (s *semaphore) release() {
 
 func (s *semaphore) setLimit(limit int) {
 	s.mu.Lock()
+	if s.n >= s.limit && s.n < max(1, limit) {
+		s.unfull = time.Now()
+	}
 	s.limit = max(1, limit)
 	s.mu.Unlock()
 	notify(s.freed)
