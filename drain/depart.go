@@ -90,10 +90,16 @@ func (l *Lane) nextDeparture(ctx context.Context) (*shaper.Message, time.Time, b
 // through the HTTP sink with -race the departures fell 35 requests of
 // 10,100 shorter than the lateness the pacer reported (TestHTTPWireRate's
 // ledger; docs/lessons.md, session 27).
+//
+// Not before the replica's own quota let the departure go (rate.quota):
+// a quota wait the loop was away for never reached quotaUntil, which
+// holds the pacer and marks its end (quotaReady), and it is a wait, not
+// lateness (found by review: a 112 ms quota wait under a stall reported
+// as 131 ms of forgiven lateness, TestReadySinceQuotaWait).
 func (l *Lane) readySince(head *shaper.Message, unfull time.Time) time.Time {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	since := l.lastDeparture
-	l.mu.Unlock()
 	if since.IsZero() {
 		return since
 	}
@@ -102,6 +108,9 @@ func (l *Lane) readySince(head *shaper.Message, unfull time.Time) time.Time {
 	}
 	if unfull.After(since) {
 		since = unfull
+	}
+	if l.quota.q != nil {
+		since = l.quota.q.Next(since)
 	}
 	return since
 }
@@ -139,8 +148,16 @@ func (l *Lane) awaitDepartureTime(ctx context.Context, since time.Time) (ready, 
 		at := l.departureAt(now)
 		if !at.After(now) && l.global != nil {
 			var ok bool // the shared schedule's slot (global.go)
-			if at, ok = l.globalAt(ctx, now); !ok {
+			var after time.Time
+			if at, after, ok = l.globalAt(ctx, now); !ok {
 				return ready, now, scheduled, false, false
+			}
+			if after.After(now) {
+				// Waiting for the store is a wait, like one for a task
+				// slot: the departure leaves after it, and its time earns
+				// no make-up (G2: a switch to or from the fallback earns
+				// no credit).
+				now, ready, scheduled = after, after, after
 			}
 		}
 		if !at.After(now) {

@@ -151,3 +151,39 @@ func TestSemaphoreUnfull(t *testing.T) {
 		}
 	})
 }
+
+// TestReadySinceQuotaWait: a quota wait the loop was away for (rate.quota
+// 10 per 200 ms at 100/s: departures 0-9 by 90 ms, the quota frees at
+// 202 ms) is a wait, not lateness: only the time the loop came back after
+// the quota's end is late, made up to 9 ms, the rest forgiven (found by
+// review: the whole wait was reported as forgiven lateness).
+func TestReadySinceQuotaWait(t *testing.T) {
+	for _, tc := range []struct {
+		stall, forgiven time.Duration
+	}{
+		{150 * time.Millisecond, 29 * time.Millisecond}, // back at 240 ms: 38 ms late
+		{113 * time.Millisecond, 0},                     // back at 203 ms: 1 ms late, made up
+	} {
+		t.Run(tc.stall.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				sink := &recSink{}
+				cfg := laneConfig(100)
+				cfg.Rate.Quota.Count, cfg.Rate.Quota.Per = 10, 200*time.Millisecond
+				h := newHarness(t, cfg, sink)
+				h.lane.src = &stallingSource{Source: h.src, at: 11, stall: tc.stall}
+				h.src.Publish(12)
+				h.lane.Start()
+				time.Sleep(1500 * time.Millisecond)
+				synctest.Wait()
+				h.stop(time.Second)
+				if n := len(sink.snapshot()); n != 12 {
+					t.Fatalf("%d departures, want 12", n)
+				}
+				got := time.Duration(testutil.ToFloat64(h.m.ForgivenLate) * float64(time.Second))
+				if d := got - tc.forgiven; d < -time.Microsecond || d > time.Microsecond {
+					t.Errorf("forgiven lateness %v, want %v: the quota's wait (90 to 202 ms) is no lateness", got, tc.forgiven)
+				}
+			})
+		})
+	}
+}

@@ -199,8 +199,9 @@ type globalState struct {
 // globalAt is step 3 of departLoop for a global lane, called once the local
 // pacer lets a departure leave at now. It returns when the departure may
 // leave: the slot held or newly reserved, or, in fallback, the local
-// pacer's time. ok is false when ctx ended (the loop must stop).
-func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bool) {
+// pacer's time; and after, the clock once the store answered (now when it
+// was not asked). ok is false when ctx ended (the loop must stop).
+func (l *Lane) globalAt(ctx context.Context, now time.Time) (at, after time.Time, ok bool) {
 	g := l.global
 	l.mu.Lock()
 	rate := l.pacer.RampRate(now)
@@ -216,7 +217,7 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 	}
 	if !g.held.IsZero() {
 		if now.Sub(g.held) <= shaper.SlotTolerance(req.Interval, req.Slack, req.MinSpacing) {
-			return g.held, true
+			return g.held, now, true
 		}
 		if rel, ok := g.g.(SlotReleaser); ok {
 			// Not used: it is made up by the schedule when it was only a
@@ -229,21 +230,25 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 		g.held = time.Time{} // too late for it (a late wake, a pause, a slow wire): not used
 	}
 	if g.fallback && now.Before(g.nextProbe) {
-		return now, true
+		return now, now, true
 	}
 	slot, err := g.g.Reserve(ctx, req)
+	// The store's round trip, or its timeout, took a while: what follows
+	// happens after it (a departure stamped with the instant before a
+	// 300 ms timeout let the next one follow at once, found by review).
+	now = time.Now()
 	var spent *QuotaWait
 	if errors.As(err, &spent) {
 		err = nil // the store answered: the shared quota is spent
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			return now, false
+			return now, now, false
 		}
 		g.nextProbe = now.Add(globalProbeEvery)
 		if g.fallback {
 			l.m.Fallback.Set(1) // the house loop may have seen it answer meanwhile
-			return now, true
+			return now, now, true
 		}
 		g.fallback = true
 		g.probedBack.Store(false)
@@ -255,7 +260,7 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 		l.m.Fallback.Set(1)
 		l.log.Warn("global rate unavailable: pacing locally at limit / replicas_hint",
 			"limit", (l.conf().Rate.Limit / shaper.Limit(g.hint)).String(), "replicas_hint", g.hint, "err", err)
-		return at, true
+		return at, now, true
 	}
 	if g.fallback {
 		g.fallback = false
@@ -271,10 +276,10 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at time.Time, ok bo
 		g.noCredit = false
 	}
 	if spent != nil {
-		return l.sharedQuotaWait(spent.Until, now), true // quota.go
+		return l.sharedQuotaWait(spent.Until, now), now, true // quota.go
 	}
 	g.held = slot
-	return slot, true
+	return slot, now, true
 }
 
 // setReduced sets the local pacer's limit to limit / replicas_hint (the

@@ -667,3 +667,62 @@ func TestGlobalPrefetchAfterDeparture(t *testing.T) {
 		}
 	})
 }
+
+// slowDownSchedule is a fakeSchedule whose Reserve, while the store is
+// down, fails only after timeout (a store that times out).
+type slowDownSchedule struct {
+	fakeSchedule
+	timeout time.Duration
+}
+
+func (s *slowDownSchedule) Reserve(ctx context.Context, r SlotRequest) (time.Time, error) {
+	s.mu.Lock()
+	down := s.down
+	s.mu.Unlock()
+	if down {
+		time.Sleep(s.timeout)
+	}
+	return s.fakeSchedule.Reserve(ctx, r)
+}
+
+// TestGlobalSlowStoreIsAWait: a global lane (90/s, replicas_hint 3) whose
+// store fails only after a 300 ms timeout switches to the fallback (30/s)
+// and probes the store every second. Each departure after such a wait
+// leaves when the wait ended, and the next one a full interval later: the
+// wait earns no make-up and is no lateness (SPEC G1 spacing, G2). Found by
+// review: the departure was stamped with the instant before the timeout,
+// so the next one left at once (two departures at the same instant after
+// each probe), and lateness was reported for the wait.
+func TestGlobalSlowStoreIsAWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := &slowDownSchedule{fakeSchedule: fakeSchedule{share: 1}, timeout: 300 * time.Millisecond}
+		sink := &recSink{}
+		h := newGlobalHarness(t, 90, sink, g, 3, nil)
+		h.src.Publish(1000)
+		start := time.Now()
+		h.lane.Start()
+		time.Sleep(2 * time.Second)
+		g.set(func(f *fakeSchedule) { f.down = true })
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		h.stop(time.Second)
+		ts := times(sink.snapshot())
+		iv := time.Second / 30
+		checked := 0
+		for i := 1; i < len(ts); i++ {
+			if ts[i-1].Before(start.Add(2 * time.Second)) {
+				continue
+			}
+			checked++
+			if gap := ts[i].Sub(ts[i-1]); gap < iv-time.Microsecond {
+				t.Errorf("departures %d and %d at +%v and +%v: %v apart, under the fallback's interval %v", i-1, i, ts[i-1].Sub(start), ts[i].Sub(start), gap, iv)
+			}
+		}
+		if checked < 60 {
+			t.Fatalf("only %d departures after the store went down", checked)
+		}
+		if got := testutil.ToFloat64(h.m.ForgivenLate); got != 0 {
+			t.Errorf("forgiven lateness %vs: waiting for the store is no lateness", got)
+		}
+	})
+}
