@@ -199,8 +199,8 @@ type globalState struct {
 // globalAt is step 3 of departLoop for a global lane, called once the local
 // pacer lets a departure leave at now. It returns when the departure may
 // leave: the slot held or newly reserved, or, in fallback, the local
-// pacer's time; and after, the clock once the store answered (now when it
-// was not asked). ok is false when ctx ended (the loop must stop).
+// pacer's time; and after, the clock once a store call failed (now when
+// the store was not asked or answered). ok is false when ctx ended (the loop must stop).
 func (l *Lane) globalAt(ctx context.Context, now time.Time) (at, after time.Time, ok bool) {
 	g := l.global
 	l.mu.Lock()
@@ -233,15 +233,17 @@ func (l *Lane) globalAt(ctx context.Context, now time.Time) (at, after time.Time
 		return now, now, true
 	}
 	slot, err := g.g.Reserve(ctx, req)
-	// The store's round trip, or its timeout, took a while: what follows
-	// happens after it (a departure stamped with the instant before a
-	// 300 ms timeout let the next one follow at once, found by review).
-	now = time.Now()
 	var spent *QuotaWait
 	if errors.As(err, &spent) {
 		err = nil // the store answered: the shared quota is spent
 	}
 	if err != nil {
+		// A failed call may have taken the store's timeout: what follows
+		// happens after it (a departure stamped with the instant before a
+		// 300 ms timeout let the next one follow at once, found by
+		// review). An answer keeps the instant the slot was asked at, as
+		// the shared schedule and its quota count it.
+		now = time.Now()
 		if ctx.Err() != nil {
 			return now, now, false
 		}
