@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -31,6 +32,22 @@ func (s *stallingSource) Connected() bool {
 	return true
 }
 
+// runStalled runs n messages through a lane of cfg on the fake clock
+// whose loop stalls for stall before departure 10 (stallingSource), drains
+// it after 1.5 s and returns the harness and the sink's calls.
+func runStalled(t *testing.T, cfg config.Lane, stall time.Duration, n int) (*harness, []call) {
+	t.Helper()
+	sink := &recSink{}
+	h := newHarness(t, cfg, sink)
+	h.lane.src = &stallingSource{Source: h.src, at: 11, stall: stall}
+	h.src.Publish(n)
+	h.lane.Start()
+	time.Sleep(1500 * time.Millisecond)
+	synctest.Wait()
+	h.stop(time.Second)
+	return h, sink.snapshot()
+}
+
 // TestLaneLoopDelayIsLateness: under a backlog, a departure loop that comes
 // back late with its work ready (readySince) is late, not idle: the
 // lateness is made up to MakeUpLag (0.9 interval at 100/s, 9 ms) and the
@@ -46,16 +63,7 @@ func TestLaneLoopDelayIsLateness(t *testing.T) {
 	} {
 		t.Run(tc.stall.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				sink := &recSink{}
-				h := newHarness(t, laneConfig(100), sink)
-				src := &stallingSource{Source: h.src, at: 11, stall: tc.stall}
-				h.lane.src = src
-				h.src.Publish(100)
-				h.lane.Start()
-				time.Sleep(1500 * time.Millisecond)
-				synctest.Wait()
-				h.stop(time.Second)
-				cs := sink.snapshot()
+				h, cs := runStalled(t, laneConfig(100), tc.stall, 100)
 				if len(cs) != 100 {
 					t.Fatalf("%d calls, want 100", len(cs))
 				}
@@ -166,17 +174,10 @@ func TestReadySinceQuotaWait(t *testing.T) {
 	} {
 		t.Run(tc.stall.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				sink := &recSink{}
 				cfg := laneConfig(100)
 				cfg.Rate.Quota.Count, cfg.Rate.Quota.Per = 10, 200*time.Millisecond
-				h := newHarness(t, cfg, sink)
-				h.lane.src = &stallingSource{Source: h.src, at: 11, stall: tc.stall}
-				h.src.Publish(12)
-				h.lane.Start()
-				time.Sleep(1500 * time.Millisecond)
-				synctest.Wait()
-				h.stop(time.Second)
-				if n := len(sink.snapshot()); n != 12 {
+				h, cs := runStalled(t, cfg, tc.stall, 12)
+				if n := len(cs); n != 12 {
 					t.Fatalf("%d departures, want 12", n)
 				}
 				got := time.Duration(testutil.ToFloat64(h.m.ForgivenLate) * float64(time.Second))
