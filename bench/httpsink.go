@@ -909,8 +909,8 @@ func (r *Results) httpMarkdown() string {
 			lost := time.Duration(float64(time.Second)/lane.achieved - float64(time.Second)/httpRate)
 			w("Departure → wire: mean %s µs; the mean excess over it, max(delay − mean, 0), is %s µs per request,\n", fmtUs(lane.wireMean), fmtUs(lane.wireExcess))
 			w("against %s µs of time lost per request (1/achieved − 1/limit). Above 1,000/s the floor of the next\n", fmtUs(lost))
-			w("departure stays at the departures; a request whose wire report is later than the make-up's lag (0.9\n")
-			w("of an interval) behind its schedule moves the schedule, and at most (1 − min_spacing) of an\n")
+			w("departure stays at the departures; a request whose wire report is more than an interval behind its\n")
+			w("schedule moves the schedule (shaper.Pacer.Wire, the tiles), and at most (1 − min_spacing) of an\n")
 			w("interval (%s µs) is made up per departure.\n\n",
 				fmtUs(time.Duration((1-shaper.DefaultMinSpacing)*float64(time.Second)/httpRate)))
 			w("The lane's own account (shaper_departure_lateness_forgiven_seconds_total): its schedule gave up\n")

@@ -500,6 +500,46 @@ func TestPacerWireFloorUpToSpacingMaxRate(t *testing.T) {
 	}
 }
 
+// TestPacerWireLagIsAnIntervalAboveSpacingMaxRate: above 1,000/s (slack 0)
+// a request may reach the wire up to one whole interval after its
+// schedule's time before the schedule moves (wireTiles): at 5,000/s one
+// that reached it 199 µs after a departure on time gives up nothing, one at
+// 230 µs gives up 30 µs, and the next departure leaves no sooner than that
+// report. With a tenth of an interval kept back (the rule up to session 27)
+// the first gave up 19 µs. Up to 1,000/s the lag stays MakeUpLag's.
+func TestPacerWireLagIsAnIntervalAboveSpacingMaxRate(t *testing.T) {
+	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+	p := NewPacer(PacerConfig{Limit: 5000}, t0)
+	at := p.Next(t0)
+	p.Depart(at, at)
+	p.Wire(at, at.Add(us(199)))
+	if _, wire := p.TakeForgiven(); wire != 0 {
+		t.Errorf("a request on the wire 199 µs after a departure on time gave up %v, want 0", wire)
+	}
+	next := p.Next(at)
+	if want := at.Add(us(200)); !next.Equal(want) {
+		t.Fatalf("next departure at +%v, want +200µs (on schedule)", next.Sub(at))
+	}
+	p.Depart(next, next)
+	wired := next.Add(us(230))
+	p.Wire(next, wired)
+	if _, wire := p.TakeForgiven(); wire != us(30) {
+		t.Errorf("a request on the wire 230 µs after a departure on time gave up %v, want 30µs", wire)
+	}
+	if got := p.Next(next); got.Before(wired) {
+		t.Errorf("next departure %v before the previous request's wire report", wired.Sub(got))
+	}
+
+	// Up to SpacingMaxRate: 0.9 interval less the jitter budget (MakeUpLag).
+	p = NewPacer(PacerConfig{Limit: 1000}, t0)
+	at = p.Next(t0)
+	p.Depart(at, at)
+	p.Wire(at, at.Add(us(700)))
+	if _, wire := p.TakeForgiven(); wire != us(100) {
+		t.Errorf("1,000/s: a request on the wire 700 µs after a departure on time gave up %v, want 100µs (lag %v)", wire, MakeUpLag(time.Millisecond, 0, DefaultMinSpacing))
+	}
+}
+
 // TestPacerWireFirstRequestDial: the first request pays a dial of several
 // milliseconds; that must push the second one back, not teach the pacer that
 // such a delay is usual.
