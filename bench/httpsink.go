@@ -359,13 +359,13 @@ func wireToNext(ps [][2]time.Time) []time.Duration {
 func (s *countingSink) Send(ctx context.Context, m *shaper.Message) error {
 	began := time.Since(m.Departed)
 	if wire := shaper.WireFrom(ctx); wire != nil {
-		ctx = shaper.WithWire(ctx, func(t time.Time) {
+		ctx = shaper.WithWire(ctx, func(t time.Time, exact bool) {
 			s.mu.Lock()
 			s.wire = append(s.wire, t.Sub(m.Departed))
 			s.start = append(s.start, began)
 			s.pairs = append(s.pairs, [2]time.Time{m.Departed, t})
 			s.mu.Unlock()
-			wire(t)
+			wire(t, exact)
 		})
 	}
 	err := s.Sink.Send(ctx, m)

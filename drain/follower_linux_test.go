@@ -185,7 +185,7 @@ func (s *respondLateSink) Send(ctx context.Context, m *shaper.Message) error {
 	s.wired = append(s.wired, now)
 	s.mu.Unlock()
 	if fn := shaper.WireFrom(ctx); fn != nil {
-		fn(now)
+		fn(now, false)
 	}
 	time.Sleep(s.respond)
 	return nil

@@ -127,7 +127,7 @@ func (s *wireSink) ReportsWire() bool { return true }
 func (s *wireSink) Send(ctx context.Context, m *shaper.Message) error {
 	time.Sleep(time.Millisecond)
 	if fn := shaper.WireFrom(ctx); fn != nil {
-		fn(time.Now())
+		fn(time.Now(), false)
 	}
 	return s.recSink.Send(ctx, m)
 }
@@ -570,7 +570,7 @@ func (s *lateWireSink) Send(ctx context.Context, m *shaper.Message) error {
 	s.mu.Unlock()
 	time.Sleep(d)
 	if fn := shaper.WireFrom(ctx); fn != nil {
-		fn(time.Now())
+		fn(time.Now(), false)
 	}
 	return s.recSink.Send(ctx, m)
 }

@@ -39,7 +39,7 @@ func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 	tctx := newTaskContext(start.Add(l.conf().Task.Timeout))
 	var ctx context.Context = tctx
 	if l.reportsWire { // only a WireReporter calls it (a closure and a context value per task otherwise)
-		ctx = shaper.WithWire(ctx, func(t time.Time) { l.wired(m, t) })
+		ctx = shaper.WithWire(ctx, func(t time.Time, exact bool) { l.wired(m, t, exact) })
 	}
 	ctx = l.withRateLimitReport(ctx) // rate.adaptive.headers (adaptive.go)
 	err := sink.s.Send(ctx, m)

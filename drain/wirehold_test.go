@@ -41,7 +41,7 @@ func (s *slowWireSink) Send(ctx context.Context, m *shaper.Message) error {
 	s.departed, s.wired = append(s.departed, m.Departed), append(s.wired, now)
 	s.mu.Unlock()
 	if fn := shaper.WireFrom(ctx); fn != nil {
-		fn(now)
+		fn(now, false)
 	}
 	return nil
 }

@@ -72,6 +72,10 @@ type Pacer struct {
 
 	forgivenLate time.Duration // lateness beyond the make-up, not yet taken (TakeForgiven)
 	forgivenWire time.Duration // schedule moved by late wire reports, not yet taken
+	// wireLeast is the earliest the next departure may be after the wire
+	// reports so far (Wire): a reload (SetConfig) or a Rebase does not move
+	// the schedule before it, whatever instant it is given.
+	wireLeast time.Time
 
 	warmth   float64   // w in [0,1]
 	warmedAt time.Time // instant up to which warmth is integrated
@@ -281,6 +285,14 @@ func (p *Pacer) SetConfig(cfg PacerConfig, now time.Time) {
 		// A larger slack is credit to be earned by idle time, not given
 		// now: the next departure stays where it was.
 		p.tat = p.tat.Add(time.Duration(p.slack-oldSlack) * p.limit.Interval())
+		// Nor before what the wire reports asked for: a faster rate shrinks
+		// the schedule's lead from the last departure, and a lane may apply
+		// it with an instant read before the last report (found by a review
+		// helper: a request stamped at its tile's end, then a reload from
+		// 1,200/s to 1,250/s, put 27 requests in a 20 ms window, bound 26).
+		if p.tat.Before(p.wireLeast) {
+			p.tat = p.wireLeast
+		}
 	}
 }
 
@@ -475,13 +487,15 @@ func (p *Pacer) Depart(ready, now time.Time) {
 // beyond 10 ms.
 //
 // Judged against the whole delay, the lag there (slack 0) is a whole
-// interval, not 0.9 of one: the tiles. Call g_n the schedule's time when
+// interval, not 0.9 of one, when the report is exact (WithWire: the request
+// was written whole to this host's loopback, where the downstream's kernel
+// stamps it inside the write): the tiles. Call g_n the schedule's time when
 // request n departs. It departs at or after g_n, so the downstream's kernel
-// stamps it after g_n, and no later than its wire report (on loopback the
-// stamp is taken inside the write). The report moves the schedule to at
-// least itself (g_{n+1} ≥ wired), so each request reaches the downstream
-// within its own tile (g_n, g_{n+1}], and the tiles, each at least an
-// interval long, do not overlap. A window of k intervals, closed or not,
+// stamps it after g_n, and no later than its exact report. The report moves
+// the schedule to at least itself (g_{n+1} ≥ wired; a reload or a Rebase
+// keeps that, wireLeast), so each request reaches the downstream within its
+// own tile (g_n, g_{n+1}], and the tiles, each at least an interval long
+// (Limit.Interval rounds up), do not overlap. A window of k intervals, closed or not,
 // meets at most k + 1 tiles, so it holds at most k + 1 requests (SPEC G1),
 // whatever the delays. The tenth of an interval kept back before cost
 // rate and bought nothing: at 5,000/s through the HTTP sink it moved the
@@ -491,8 +505,11 @@ func (p *Pacer) Depart(ready, now time.Time) {
 // Tests: TestPacerWireTilesHoldTheWindows (a lag of 1.05 intervals breaks
 // 1 ms windows), TestPacerWireLagIsAnIntervalAboveSpacingMaxRate. With
 // slack the schedule may run ahead of the tiles by the slack's credit, and
-// the lag stays MakeUpLag's.
-func (p *Pacer) Wire(departed, wired time.Time) bool {
+// the lag stays MakeUpLag's; so it does for a report that is not exact
+// (HTTP/2, where another stream's write may report it; a caller's client;
+// NATS with several publishes under way; a downstream across a network,
+// whose jitter the tenth of an interval is a budget for).
+func (p *Pacer) Wire(departed, wired time.Time, exact bool) bool {
 	d := max(wired.Sub(departed), 0)
 	// The estimate starts at 0, not at the first sample: the first request
 	// pays the connection's dial, which is not usual (it once let the second
@@ -539,12 +556,16 @@ func (p *Pacer) Wire(departed, wired time.Time) bool {
 	// on an idle machine; nothing below 1,000/s asked for the change, so it
 	// is not made there.)
 	lag := MakeUpLag(iv, p.slack, p.minSpacing)
-	if !spaced && p.floored() {
+	if exact && !spaced && p.floored() {
 		lag = iv // the tiles (see the doc)
 	}
-	if least := left.Add(iv - lag); p.tat.Before(least) {
+	least := left.Add(iv - lag)
+	if p.tat.Before(least) {
 		p.forgivenWire += least.Sub(p.tat)
 		p.tat, moved = least, true
+	}
+	if least.After(p.wireLeast) {
+		p.wireLeast = least
 	}
 	return moved
 }
@@ -569,12 +590,16 @@ func (p *Pacer) TakeForgiven() (late, wire time.Duration) {
 // schedule across replicas (SPEC §3 Global rate), whose slots make this
 // pacer look late at every departure and hold credit it never used — and
 // this pacer takes over (the switch to the Redis fallback earns no credit,
-// SPEC G2). Without a previous departure it does nothing.
+// SPEC G2), and not before what the wire reports asked for (Wire). Without a
+// previous departure it does nothing.
 func (p *Pacer) Rebase(now time.Time) {
 	if p.last.IsZero() {
 		return
 	}
 	p.tat = p.last.Add(p.interval(now) + p.credit())
+	if p.tat.Before(p.wireLeast) {
+		p.tat = p.wireLeast // see SetConfig
+	}
 }
 
 // credit is the slack's burst tolerance as a duration: slack intervals of

@@ -501,7 +501,7 @@ func TestPacerWindowsHoldAtTheWire(t *testing.T) {
 					d += 300 * time.Microsecond
 				}
 				w := dep.Add(d)
-				p.Wire(dep, w)
+				p.Wire(dep, w, false)
 				wires = append(wires, w)
 				// The next message and slot are ready at once (backlog); the
 				// lane then waits for this request's wire before it reads
@@ -550,7 +550,7 @@ func TestPacerWindowsHoldWhenTheWireGetsFaster(t *testing.T) {
 		if seed > 20 {
 			firstSpell = 20 + rng.IntN(100)
 		}
-		wires := wireRun(rng, 100, func(i int) {
+		wires := wireRun(rng, false, 100, func(i int) {
 			switch {
 			case i < firstSpell:
 			case i == firstSpell && firstSpell > 0:
@@ -568,9 +568,9 @@ func TestPacerWindowsHoldWhenTheWireGetsFaster(t *testing.T) {
 	}
 }
 
-// TestPacerWireTilesHoldTheWindows: above 1,000/s a request may reach the
-// wire up to a whole interval after its schedule's time (the tiles of
-// Pacer.Wire). At 5,000/s, with departures as late as the waiter makes them
+// TestPacerWireTilesHoldTheWindows: above 1,000/s a request whose report
+// is exact may reach the wire up to a whole interval after its schedule's
+// time (the tiles of Pacer.Wire). At 5,000/s, with departures as late as the waiter makes them
 // and a delay to the wire that is now and then almost nothing (1–5 µs)
 // right after one that used the whole interval, every window of 1 ms,
 // 10 ms, 100 ms and 1 s holds W × limit + 1 at the wire, in 40 random runs
@@ -580,7 +580,7 @@ func TestPacerWireTilesHoldTheWindows(t *testing.T) {
 	iv := Limit(wireRunLimit).Interval()
 	for seed := uint64(1); seed <= 40; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 0x711e5))
-		wires := wireRun(rng, 50, func(int) {}, func(at, dep time.Time) time.Duration {
+		wires := wireRun(rng, true, 50, func(int) {}, func(at, dep time.Time) time.Duration {
 			var d time.Duration
 			switch r := rng.IntN(100); {
 			case r < 20: // almost nothing
@@ -606,10 +606,11 @@ const wireRunLimit = 5000
 // (drain.WireReporter): each departure is as late as the waiter makes it
 // (drawLateness), and one in lateOneIn up to an interval later still (the
 // lane makes that up); its request reaches the wire delay(at, dep) after it
-// left (at: when it was due); the lane reads the pacer again after the
-// wire report. step(i) runs before departure i. It returns the wire
+// left (at: when it was due), reported exact or not (shaper.WithWire); the
+// lane reads the pacer again after the wire report. step(i) runs before
+// departure i. It returns the wire
 // instants, sorted.
-func wireRun(rng *rand.Rand, lateOneIn int, step func(i int), delay func(at, dep time.Time) time.Duration) []time.Time {
+func wireRun(rng *rand.Rand, exact bool, lateOneIn int, step func(i int), delay func(at, dep time.Time) time.Duration) []time.Time {
 	iv := Limit(wireRunLimit).Interval()
 	p := NewPacer(PacerConfig{Limit: wireRunLimit}, t0)
 	now, ready := t0, t0
@@ -626,7 +627,7 @@ func wireRun(rng *rand.Rand, lateOneIn int, step func(i int), delay func(at, dep
 		}
 		p.Depart(ready, dep)
 		w := dep.Add(delay(at, dep))
-		p.Wire(dep, w)
+		p.Wire(dep, w, exact)
 		wires = append(wires, w)
 		ready, now = dep, w
 	}

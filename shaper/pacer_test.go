@@ -449,7 +449,7 @@ func TestPacerWireAnchor(t *testing.T) {
 		if k == 500 {
 			delay = 3 * time.Millisecond // one request stuck in the client
 		}
-		p.Wire(at, at.Add(delay))
+		p.Wire(at, at.Add(delay), false)
 		wires = append(wires, at.Add(delay))
 		now = at
 	}
@@ -482,12 +482,12 @@ func TestPacerWireFloorUpToSpacingMaxRate(t *testing.T) {
 		for range 200 { // learn the usual delay
 			at = p.Next(at)
 			p.Depart(at, at)
-			p.Wire(at, at.Add(usual))
+			p.Wire(at, at.Add(usual), false)
 		}
 		at = p.Next(at)
 		p.Depart(at, at)
 		slow := at.Add(usual + iv/20 + iv/10) // 15 % of an interval slower than usual
-		p.Wire(at, slow)
+		p.Wire(at, slow, false)
 		next := p.Next(slow)
 		floor := at.Add(time.Duration(DefaultMinSpacing * float64(iv)))
 		if tc.pushed {
@@ -501,18 +501,19 @@ func TestPacerWireFloorUpToSpacingMaxRate(t *testing.T) {
 }
 
 // TestPacerWireLagIsAnIntervalAboveSpacingMaxRate: above 1,000/s (slack 0)
-// a request may reach the wire up to one whole interval after its
-// schedule's time before the schedule moves (wireTiles): at 5,000/s one
-// that reached it 199 µs after a departure on time gives up nothing, one at
-// 230 µs gives up 30 µs, and the next departure leaves no sooner than that
-// report. With a tenth of an interval kept back (the rule up to session 27)
-// the first gave up 19 µs. Up to 1,000/s the lag stays MakeUpLag's.
+// a request whose report is exact (shaper.WithWire) may reach the wire up
+// to one whole interval after its schedule's time before the schedule
+// moves (Pacer.Wire, the tiles): at 5,000/s one that reached it 199 µs
+// after a departure on time gives up nothing, one at 230 µs gives up
+// 30 µs, and the next departure leaves no sooner than that report. A report
+// that is not exact keeps a tenth of an interval back (19 µs given up at
+// 199 µs), and so does every report up to 1,000/s (MakeUpLag).
 func TestPacerWireLagIsAnIntervalAboveSpacingMaxRate(t *testing.T) {
 	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
 	p := NewPacer(PacerConfig{Limit: 5000}, t0)
 	at := p.Next(t0)
 	p.Depart(at, at)
-	p.Wire(at, at.Add(us(199)))
+	p.Wire(at, at.Add(us(199)), true)
 	if _, wire := p.TakeForgiven(); wire != 0 {
 		t.Errorf("a request on the wire 199 µs after a departure on time gave up %v, want 0", wire)
 	}
@@ -522,7 +523,7 @@ func TestPacerWireLagIsAnIntervalAboveSpacingMaxRate(t *testing.T) {
 	}
 	p.Depart(next, next)
 	wired := next.Add(us(230))
-	p.Wire(next, wired)
+	p.Wire(next, wired, true)
 	if _, wire := p.TakeForgiven(); wire != us(30) {
 		t.Errorf("a request on the wire 230 µs after a departure on time gave up %v, want 30µs", wire)
 	}
@@ -530,13 +531,57 @@ func TestPacerWireLagIsAnIntervalAboveSpacingMaxRate(t *testing.T) {
 		t.Errorf("next departure %v before the previous request's wire report", wired.Sub(got))
 	}
 
+	// Not exact: a tenth of an interval stays back.
+	p = NewPacer(PacerConfig{Limit: 5000}, t0)
+	at = p.Next(t0)
+	p.Depart(at, at)
+	p.Wire(at, at.Add(us(199)), false)
+	if _, wire := p.TakeForgiven(); wire != us(19) {
+		t.Errorf("a report that is not exact, 199 µs after a departure on time, gave up %v, want 19µs", wire)
+	}
+
 	// Up to SpacingMaxRate: 0.9 interval less the jitter budget (MakeUpLag).
 	p = NewPacer(PacerConfig{Limit: 1000}, t0)
 	at = p.Next(t0)
 	p.Depart(at, at)
-	p.Wire(at, at.Add(us(700)))
+	p.Wire(at, at.Add(us(700)), true)
 	if _, wire := p.TakeForgiven(); wire != us(100) {
 		t.Errorf("1,000/s: a request on the wire 700 µs after a departure on time gave up %v, want 100µs (lag %v)", wire, MakeUpLag(time.Millisecond, 0, DefaultMinSpacing))
+	}
+}
+
+// TestPacerReloadKeepsTheWireReport: a faster rate applied with an instant
+// read before the last wire report (a lane reads the clock before it takes
+// its lock) does not move the schedule before that report (Pacer.wireLeast),
+// and neither does a Rebase. Found by a review helper: at 1,200/s a request
+// reported at its tile's end, then a reload to 1,250/s at an instant before
+// the report, and a 20 ms window at the wire held 27 requests (bound 26).
+func TestPacerReloadKeepsTheWireReport(t *testing.T) {
+	p := NewPacer(PacerConfig{Limit: 1200}, t0)
+	iv := Limit(1200).Interval()
+	at := p.Next(t0)
+	p.Depart(at, at)
+	wired := at.Add(iv)
+	p.Wire(at, wired, true)
+	p.SetConfig(PacerConfig{Limit: 1250}, at.Add(iv/2))
+	if next := p.Next(at); next.Before(wired) {
+		t.Errorf("after a reload to 1,250/s the next departure is %v before the last wire report", wired.Sub(next))
+	}
+	p.Rebase(at.Add(iv / 2))
+	if next := p.Next(at); next.Before(wired) {
+		t.Errorf("after a Rebase the next departure is %v before the last wire report", wired.Sub(next))
+	}
+}
+
+// TestIntervalRoundsUp: k intervals never add up to less than k/limit
+// seconds (Limit.Interval), so a schedule stepping by Interval never runs
+// ahead of its rate: at 3,000/s 3,000,000 of them span at least 1,000 s.
+func TestIntervalRoundsUp(t *testing.T) {
+	for _, l := range []Limit{3000, 7, 0.3, 1000, 5000} {
+		k := int64(3_000_000)
+		if got, want := time.Duration(k)*l.Interval(), time.Duration(float64(k)/float64(l)*1e9); got < want {
+			t.Errorf("%v: %d intervals span %v, less than %v", l, k, got, want)
+		}
 	}
 }
 
@@ -548,7 +593,7 @@ func TestPacerWireFirstRequestDial(t *testing.T) {
 	at := p.Next(t0)
 	p.Depart(t0, at)
 	wire0 := at.Add(6 * time.Millisecond) // dial + write
-	p.Wire(at, wire0)
+	p.Wire(at, wire0, false)
 	next := p.Next(at)
 	if wire1 := next.Add(200 * time.Microsecond); wire1.Sub(wire0) < 9500*time.Microsecond {
 		t.Fatalf("second request on the wire %v after the first, want ≥ 9.5ms", wire1.Sub(wire0))
@@ -580,7 +625,7 @@ func TestPacerForgiven(t *testing.T) {
 	// Its request reaches the wire 8 ms after it left (the usual delay is
 	// still 0): the next departure, due at 33 ms, may come no sooner than
 	// 40 + 10 − 9 = 41 ms: 8 ms given up.
-	p.Wire(ms(32), ms(40))
+	p.Wire(ms(32), ms(40), false)
 	if _, wire := taken(); wire != 8*time.Millisecond {
 		t.Errorf("after a wire report 8 ms late: forgiven (wire) %v, want 8ms", wire)
 	}

@@ -244,7 +244,7 @@ func (s *HTTP) do(ctx context.Context, req *http.Request) (*http.Response, error
 	cred, ok := s.auth.ready()
 	if !ok {
 		if wire := shaper.WireFrom(ctx); wire != nil {
-			wire(time.Now())
+			wire(time.Now(), false)
 		}
 		req = req.WithContext(ctx) // without the trace: the wire is reported
 		var err error

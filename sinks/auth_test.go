@@ -155,7 +155,7 @@ func oauthConfig(ts *tokenServer) sinks.AuthConfig {
 // calls and records when the first came.
 func wireCounter(ctx context.Context) (context.Context, *atomic.Int64, *atomic.Int64) {
 	var n, first atomic.Int64
-	return shaper.WithWire(ctx, func(at time.Time) {
+	return shaper.WithWire(ctx, func(at time.Time, _ bool) {
 		if n.Add(1) == 1 {
 			first.Store(at.UnixNano())
 		}

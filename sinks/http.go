@@ -3,6 +3,7 @@ package sinks
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -276,13 +277,16 @@ func newTransport(maxIdle int) *http.Transport {
 // request with small body in one Write.
 type wireConn struct {
 	net.Conn
-	pending atomic.Pointer[func(time.Time)]
+	pending atomic.Pointer[wireTrace]
+	// loopback: the peer is on this host's loopback, where the kernel
+	// stamps a segment's arrival inside the write that sends it.
+	loopback bool
 }
 
 func (c *wireConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
-	if fn := c.pending.Swap(nil); fn != nil && err == nil {
-		(*fn)(time.Now())
+	if t := c.pending.Swap(nil); t != nil && err == nil {
+		t.wire(time.Now(), t.exact)
 	}
 	return n, err
 }
@@ -293,7 +297,8 @@ func wireDialer(d *net.Dialer) func(ctx context.Context, network, addr string) (
 		if err != nil {
 			return nil, err
 		}
-		return &wireConn{Conn: c}, nil
+		tcp, _ := c.RemoteAddr().(*net.TCPAddr)
+		return &wireConn{Conn: c, loopback: tcp != nil && tcp.IP.IsLoopback()}, nil
 	}
 }
 
@@ -306,11 +311,14 @@ func wireDialer(d *net.Dialer) func(ctx context.Context, network, addr string) (
 // holds the trace and its state.
 type wireTrace struct {
 	trace   httptrace.ClientTrace
-	wire    func(time.Time)
+	wire    func(time.Time, bool)
 	viaConn atomic.Bool
+	// exact: the report will be this request's own write, whole, to a
+	// loopback peer (shaper.WithWire): an HTTP/1.1 connection of ours.
+	exact bool
 }
 
-func newWireTrace(wire func(time.Time)) *httptrace.ClientTrace {
+func newWireTrace(wire func(time.Time, bool)) *httptrace.ClientTrace {
 	t := &wireTrace{wire: wire}
 	t.trace.GotConn = t.gotConn
 	t.trace.WroteRequest = t.wroteRequest
@@ -319,18 +327,27 @@ func newWireTrace(wire func(time.Time)) *httptrace.ClientTrace {
 
 func (t *wireTrace) gotConn(info httptrace.GotConnInfo) {
 	c := info.Conn
-	if tc, ok := c.(interface{ NetConn() net.Conn }); ok { // TLS
+	if tc, ok := c.(*tls.Conn); ok {
+		if tc.ConnectionState().NegotiatedProtocol == "h2" {
+			// HTTP/2 multiplexes requests on one connection: its next write
+			// may be another stream's or a frame of its own, or come after
+			// the response (a request on a reused connection went
+			// unreported, and the lane held its next departure until the
+			// task ended). WroteRequest reports it, not exact.
+			return
+		}
 		c = tc.NetConn()
 	}
 	if wc, ok := c.(*wireConn); ok {
 		t.viaConn.Store(true)
-		wc.pending.Store(&t.wire)
+		t.exact = wc.loopback
+		wc.pending.Store(t)
 	}
 }
 
 func (t *wireTrace) wroteRequest(info httptrace.WroteRequestInfo) {
 	if info.Err == nil && !t.viaConn.Load() {
-		t.wire(time.Now())
+		t.wire(time.Now(), false) // in the buffer, maybe not yet written
 	}
 }
 

@@ -29,7 +29,7 @@ func BenchmarkHTTPSend(b *testing.B) {
 	defer sink.Close()
 	body := make([]byte, 256)
 	var wired int
-	ctx := shaper.WithWire(context.Background(), func(time.Time) { wired++ })
+	ctx := shaper.WithWire(context.Background(), func(time.Time, bool) { wired++ })
 	b.ReportAllocs()
 	cpu0 := processCPU()
 	b.ResetTimer()

@@ -434,12 +434,12 @@ func (r *httpWireSink) Send(ctx context.Context, m *shaper.Message) error {
 	r.recs[i].departed, r.recs[i].called = m.Departed, now
 	r.mu.Unlock()
 	if wire := shaper.WireFrom(ctx); wire != nil {
-		ctx = shaper.WithWire(ctx, func(at time.Time) {
+		ctx = shaper.WithWire(ctx, func(at time.Time, exact bool) {
 			r.mu.Lock()
 			r.recs[i].wired = at
 			r.reports++
 			r.mu.Unlock()
-			wire(at)
+			wire(at, exact)
 		})
 	}
 	err := r.HTTP.Send(ctx, m)

@@ -131,13 +131,13 @@ func (s *NATS) Send(ctx context.Context, m *shaper.Message) error {
 			own.wire.expect(w)
 			defer func() {
 				if own.wire.forget(w) { // no write came (an error before it, a reconnect's buffer)
-					wire(time.Now())
+					wire(time.Now(), false)
 				}
 			}()
 		} else {
 			// Through the caller's connection its flusher writes the
 			// publish at a time no one reports; now is the best guess.
-			wire(time.Now())
+			wire(time.Now(), false)
 		}
 	}
 	_, err := js.PublishMsg(ctx, &nats.Msg{Subject: s.subject, Header: h, Data: m.Data})
@@ -262,18 +262,18 @@ func (s *NATS) Close() error {
 // a Send whose publish wrote nothing takes its report back (forget).
 type natsWire struct {
 	mu      sync.Mutex
-	pending []*func(time.Time) // oldest first
+	pending []*func(time.Time, bool) // oldest first
 }
 
 // expect queues fn, to be called at the next write with no older report.
-func (w *natsWire) expect(fn *func(time.Time)) {
+func (w *natsWire) expect(fn *func(time.Time, bool)) {
 	w.mu.Lock()
 	w.pending = append(w.pending, fn)
 	w.mu.Unlock()
 }
 
 // forget takes fn back; it reports whether fn was still queued.
-func (w *natsWire) forget(fn *func(time.Time)) bool {
+func (w *natsWire) forget(fn *func(time.Time, bool)) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if i := slices.Index(w.pending, fn); i >= 0 {
@@ -294,7 +294,9 @@ func (w *natsWire) wrote(at time.Time) {
 	w.pending[0] = nil
 	w.pending = w.pending[1:]
 	w.mu.Unlock()
-	(*fn)(at)
+	// Not exact (shaper.WithWire): with several publishes under way the
+	// write may be another's.
+	(*fn)(at, false)
 }
 
 // wrapDialing makes the connections of o (one at a time, dialled again on

@@ -211,7 +211,7 @@ func TestNATSOwnConnection(t *testing.T) {
 	var wired []time.Time
 	for range 3 {
 		start := time.Now()
-		wctx := shaper.WithWire(ctx, func(at time.Time) { wired = append(wired, at) })
+		wctx := shaper.WithWire(ctx, func(at time.Time, _ bool) { wired = append(wired, at) })
 		if err := s.Send(wctx, testMessage()); err != nil {
 			t.Fatalf("Send: %v", err)
 		}

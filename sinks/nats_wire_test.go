@@ -376,11 +376,11 @@ func (r *recordingSink) Send(ctx context.Context, m *shaper.Message) error {
 	r.called = append(r.called, now)
 	r.mu.Unlock()
 	if wire := shaper.WireFrom(ctx); wire != nil {
-		ctx = shaper.WithWire(ctx, func(at time.Time) {
+		ctx = shaper.WithWire(ctx, func(at time.Time, exact bool) {
 			r.mu.Lock()
 			r.reports++
 			r.mu.Unlock()
-			wire(at)
+			wire(at, exact)
 		})
 	}
 	return r.NATS.Send(ctx, m)
