@@ -291,8 +291,9 @@ func TestGlobalFallbackAndReturn(t *testing.T) {
 		if lo, _ := gaps(grace); lo < minGap || len(grace) < 55 {
 			t.Errorf("%d departures, gap %v in the 2 s grace after the return, want ~60 at ≥ 0.99/30 s", len(grace), lo)
 		}
-		if lo, hi := gaps(after); lo != time.Second/90 || hi > time.Second/90+time.Microsecond {
-			t.Errorf("gaps %v..%v after the grace, want 1/90 s", lo, hi)
+		iv90 := shaper.Limit(90).Interval() // 1/90 s rounded up to the ns
+		if lo, hi := gaps(after); lo != iv90 || hi > iv90+time.Microsecond {
+			t.Errorf("gaps %v..%v after the grace, want 1/90 s (%v)", lo, hi, iv90)
 		}
 		// The first failure at ~2 s, then one probe a second until 5 s.
 		if n := len(g.failures); n < 3 || n > 4 {
