@@ -497,11 +497,13 @@ func (p *Pacer) Depart(ready, now time.Time) {
 // own tile (g_n, g_{n+1}], and the tiles, each at least an interval long
 // (Limit.Interval rounds up), do not overlap. A window of k intervals, closed or not,
 // meets at most k + 1 tiles, so it holds at most k + 1 requests (SPEC G1),
-// whatever the delays. The tenth of an interval kept back before cost
-// rate and bought nothing: at 5,000/s through the HTTP sink it moved the
-// schedule 1,926 times in one run, 1,465 of them for requests whose whole
-// delay was under an interval, and −1.34 / −2.10 % became −1.05 / −1.49 %
-// (bench section 11, builds alternated; docs/performance.md, session 28).
+// whatever the delays. The tenth of an interval kept back before moved the
+// schedule 1,926 times in one run at 5,000/s through the HTTP sink, 1,465
+// of them for requests whose whole delay was under an interval; without it
+// the rate moved by +0.07 % (median of 11 alternated pairs of runs, from
+// −0.53 to +1.66 %): within this machine's noise, as the loop, woken by the
+// report, now has no tenth to wake in (bench section 11; docs/performance.md,
+// session 28).
 // Tests: TestPacerWireTilesHoldTheWindows (a lag of 1.05 intervals breaks
 // 1 ms windows), TestPacerWireLagIsAnIntervalAboveSpacingMaxRate. With
 // slack the schedule may run ahead of the tiles by the slack's credit, and
