@@ -371,7 +371,8 @@ func (l *Lane) expire(m *shaper.Message, now time.Time, maxAge time.Duration) {
 }
 
 // wired moves the pacer's spacing anchor to when m's request really left
-// (shaper.WithWire) and wakes the departure loop to re-read its time.
+// (shaper.WithWire; exact: see there) and wakes the departure loop to
+// re-read its time.
 func (l *Lane) wired(m *shaper.Message, t time.Time, exact bool) {
 	l.mu.Lock()
 	moved := l.pacer.Wire(m.Departed, t, exact)
