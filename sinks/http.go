@@ -313,6 +313,7 @@ type wireTrace struct {
 	trace   httptrace.ClientTrace
 	wire    func(time.Time, bool)
 	viaConn atomic.Bool
+	h2      atomic.Bool // reported when its HEADERS frame was written
 	// exact: the report will be this request's own write, whole, to a
 	// loopback peer (shaper.WithWire): an HTTP/1.1 connection of ours.
 	exact bool
@@ -321,6 +322,7 @@ type wireTrace struct {
 func newWireTrace(wire func(time.Time, bool)) *httptrace.ClientTrace {
 	t := &wireTrace{wire: wire}
 	t.trace.GotConn = t.gotConn
+	t.trace.WroteHeaders = t.wroteHeaders
 	t.trace.WroteRequest = t.wroteRequest
 	return &t.trace
 }
@@ -333,7 +335,10 @@ func (t *wireTrace) gotConn(info httptrace.GotConnInfo) {
 			// may be another stream's or a frame of its own, or come after
 			// the response (a request on a reused connection went
 			// unreported, and the lane held its next departure until the
-			// task ended). WroteRequest reports it, not exact.
+			// task ended). WroteHeaders reports it, not exact; not
+			// WroteRequest, which carries an error when the server answered
+			// before the body was all sent (a CI run saw no report so).
+			t.h2.Store(true)
 			return
 		}
 		c = tc.NetConn()
@@ -345,8 +350,14 @@ func (t *wireTrace) gotConn(info httptrace.GotConnInfo) {
 	}
 }
 
+func (t *wireTrace) wroteHeaders() {
+	if t.h2.Load() {
+		t.wire(time.Now(), false)
+	}
+}
+
 func (t *wireTrace) wroteRequest(info httptrace.WroteRequestInfo) {
-	if info.Err == nil && !t.viaConn.Load() {
+	if info.Err == nil && !t.viaConn.Load() && !t.h2.Load() {
 		t.wire(time.Now(), false) // in the buffer, maybe not yet written
 	}
 }
