@@ -33,7 +33,7 @@ func TestCase_C27_PerMessagePacingMovesMetrics(t *testing.T) {
 			synctest.Wait()
 			delivered := testutil.ToFloat64(h.m.Deliveries["success"])
 			depth := testutil.ToFloat64(h.m.BucketDepth)
-			waits := queueWaits(t, h)
+			waits := histCount(t, h.reg, "shaper_queue_wait_seconds", "")
 			if delivered <= prev {
 				t.Errorf("scrape at %d.5 s: %v delivered, no more than at the scrape before (%v): the metrics froze", k, delivered, prev)
 			}
@@ -58,24 +58,4 @@ func TestCase_C27_PerMessagePacingMovesMetrics(t *testing.T) {
 			}
 		}
 	})
-}
-
-// queueWaits is how many queue waits h's lane has observed
-// (shaper_queue_wait_seconds), as a scrape of its registry reads it.
-func queueWaits(t *testing.T, h *harness) uint64 {
-	t.Helper()
-	mfs, err := h.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "shaper_queue_wait_seconds" {
-			var n uint64
-			for _, m := range mf.GetMetric() {
-				n += m.GetHistogram().GetSampleCount()
-			}
-			return n
-		}
-	}
-	return 0
 }

@@ -10,19 +10,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/sources/sourcetest"
 )
 
 // slowWireSink reports each request's wire after a delay that alternates
-// between longer than the lane's interval and much shorter, and records the
+// between long and short, exact or not (shaper.WithWire), and records the
 // departure and the report of each.
 type slowWireSink struct {
 	mu              sync.Mutex
 	n               int
 	departed, wired []time.Time
 	long, short     time.Duration
+	exact           bool
 }
 
 func (s *slowWireSink) ReportsWire() bool { return true }
@@ -41,7 +43,7 @@ func (s *slowWireSink) Send(ctx context.Context, m *shaper.Message) error {
 	s.departed, s.wired = append(s.departed, m.Departed), append(s.wired, now)
 	s.mu.Unlock()
 	if fn := shaper.WireFrom(ctx); fn != nil {
-		fn(now, false)
+		fn(now, s.exact)
 	}
 	return nil
 }
@@ -54,7 +56,8 @@ func (s *slowWireSink) Send(ctx context.Context, m *shaper.Message) error {
 // the maxWireWait bound; min_spacing holds throughout.
 func TestLaneWaitsForTheWire(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		sink, _ := runSlowWire(t)
+		sink := slowWire()
+		runSlowWire(t, laneConfig(100), sink)
 		const n = 40
 
 		sink.mu.Lock()
@@ -86,7 +89,8 @@ func TestLaneWaitsForTheWire(t *testing.T) {
 // still being made up at the end.
 func TestLaneCountsForgivenLateness(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		sink, m := runSlowWire(t)
+		sink := slowWire()
+		m := runSlowWire(t, laneConfig(100), sink)
 		const n = 40
 
 		sink.mu.Lock()
@@ -107,15 +111,48 @@ func TestLaneCountsForgivenLateness(t *testing.T) {
 	})
 }
 
-// runSlowWire runs 40 messages through a lane at 100/s whose sink reports
-// the wire 15 ms and 1 ms after departure in turn (slowWireSink), inside a
+// TestLaneExactWireReports: the lane hands a report's exactness to the
+// pacer (Lane.wired, Pacer.Wire). At 5,000/s every request reaches the wire
+// 199 µs after it left: reported exact, that is within its tile and moves
+// nothing, and the departures keep 200 µs; reported not exact, each report
+// is 19 µs past 0.9 interval and moves the schedule (cause wire).
+func TestLaneExactWireReports(t *testing.T) {
+	const n = 40
+	iv := shaper.Limit(5000).Interval()
+	for _, exact := range []bool{true, false} {
+		synctest.Test(t, func(t *testing.T) {
+			sink := &slowWireSink{long: 199 * time.Microsecond, short: 199 * time.Microsecond, exact: exact}
+			m := runSlowWire(t, laneConfig(5000), sink)
+			sink.mu.Lock()
+			defer sink.mu.Unlock()
+			if len(sink.departed) != n {
+				t.Fatalf("exact %v: %d requests, want %d", exact, len(sink.departed), n)
+			}
+			wire := testutil.ToFloat64(m.ForgivenWire)
+			span := sink.departed[n-1].Sub(sink.departed[0])
+			switch {
+			case exact && (wire != 0 || span != (n-1)*iv):
+				t.Errorf("exact reports 199 µs after departure: forgiven (wire) %v s, %d departures spanned %v; want 0 and %v",
+					wire, n, span, (n-1)*iv)
+			case !exact && wire <= 0:
+				t.Errorf("reports that are not exact, 199 µs after departure: forgiven (wire) %v s, want > 0", wire)
+			}
+		})
+	}
+}
+
+// slowWire is the sink of TestLaneWaitsForTheWire: reports 15 ms and 1 ms
+// after departure in turn, at 100/s (10 ms interval).
+func slowWire() *slowWireSink {
+	return &slowWireSink{long: 15 * time.Millisecond, short: time.Millisecond}
+}
+
+// runSlowWire runs 40 messages through a lane of cfg with sink, inside a
 // synctest bubble, and drains it.
-func runSlowWire(t *testing.T) (*slowWireSink, *metrics.Lane) {
+func runSlowWire(t *testing.T, cfg config.Lane, sink *slowWireSink) *metrics.Lane {
 	t.Helper()
-	cfg := laneConfig(100) // 10 ms interval
-	sink := &slowWireSink{long: 15 * time.Millisecond, short: time.Millisecond}
 	src := sourcetest.NewMem(cfg.Source.AckWait)
-	m := metrics.New(prometheus.NewRegistry()).Lane("test", 100)
+	m := metrics.New(prometheus.NewRegistry()).Lane("test", float64(cfg.Rate.Limit))
 	l, err := New("test", cfg, src, sink, WithWaiter(TimerWaiter{}), WithMetrics(m))
 	if err != nil {
 		t.Fatal(err)
@@ -128,5 +165,5 @@ func runSlowWire(t *testing.T) (*slowWireSink, *metrics.Lane) {
 	l.Drain(ctx)
 	cancel()
 	src.Close()
-	return sink, m
+	return m
 }

@@ -151,15 +151,22 @@ func oauthConfig(ts *tokenServer) sinks.AuthConfig {
 		Audience: "https://psp.example", Params: map[string]string{"resource": "urn:psp"}}
 }
 
+// wireCount is what a wireCounter's function saw: its calls, the exact
+// ones among them (shaper.WithWire), and when the first came (Unix ns).
+type wireCount struct{ n, exact, first atomic.Int64 }
+
 // wireCounter returns a context whose shaper.WithWire function counts its
-// calls and records when the first came.
-func wireCounter(ctx context.Context) (context.Context, *atomic.Int64, *atomic.Int64) {
-	var n, first atomic.Int64
-	return shaper.WithWire(ctx, func(at time.Time, _ bool) {
-		if n.Add(1) == 1 {
-			first.Store(at.UnixNano())
+// calls into the returned wireCount.
+func wireCounter(ctx context.Context) (context.Context, *wireCount) {
+	c := &wireCount{}
+	return shaper.WithWire(ctx, func(at time.Time, exact bool) {
+		if c.n.Add(1) == 1 {
+			c.first.Store(at.UnixNano())
 		}
-	}), &n, &first
+		if exact {
+			c.exact.Add(1)
+		}
+	}), c
 }
 
 // TestOAuth2TokenRequestAndReuse: the sink gets a token by the client
@@ -202,7 +209,7 @@ func TestOAuth2RetryOnce401(t *testing.T) {
 	s := newHTTP(t, sinks.HTTPConfig{URL: down.srv.URL, Auth: oauthConfig(ts)})
 	waitTokenCalls(t, ts, 1) // the first token, fetched at NewHTTP
 
-	ctx, wires, _ := wireCounter(context.Background())
+	ctx, wires := wireCounter(context.Background())
 	if err := s.Send(ctx, testMessage()); err != nil {
 		t.Fatalf("send after a 401: %v, want the retry to succeed", err)
 	}
@@ -213,7 +220,7 @@ func TestOAuth2RetryOnce401(t *testing.T) {
 	if c := ts.calls.Load(); c != 2 {
 		t.Errorf("token endpoint called %d times; want 2 (one refresh after the 401)", c)
 	}
-	if n := wires.Load(); n != 1 {
+	if n := wires.n.Load(); n != 1 {
 		t.Errorf("%d wire reports for one Send; want 1 (the retry is no second departure)", n)
 	}
 
@@ -241,7 +248,7 @@ func TestOAuth2TokenEndpointFailures(t *testing.T) {
 		s := newHTTP(t, sinks.HTTPConfig{URL: down.srv.URL, Auth: oauthConfig(ts)})
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		ctx, wires, first := wireCounter(ctx)
+		ctx, wires := wireCounter(ctx)
 		start := time.Now()
 		err := s.Send(ctx, testMessage())
 		took := time.Since(start)
@@ -252,8 +259,13 @@ func TestOAuth2TokenEndpointFailures(t *testing.T) {
 		if took > time.Second {
 			t.Errorf("send took %v under a deadline of 300ms", took)
 		}
-		if wires.Load() != 1 || time.Unix(0, first.Load()).Sub(start) > 50*time.Millisecond {
-			t.Errorf("wire reports %d, first %v after the call; want 1 at once", wires.Load(), time.Unix(0, first.Load()).Sub(start))
+		if wires.n.Load() != 1 || time.Unix(0, wires.first.Load()).Sub(start) > 50*time.Millisecond {
+			t.Errorf("wire reports %d, first %v after the call; want 1 at once", wires.n.Load(), time.Unix(0, wires.first.Load()).Sub(start))
+		}
+		// Reported before any write: not exact (shaper.WithWire), though the
+		// downstream is on loopback.
+		if n := wires.exact.Load(); n != 0 {
+			t.Errorf("%d exact wire reports for a request that waits for its token; want 0", n)
 		}
 		if ok, bad, _ := down.counts(); ok+bad != 0 {
 			t.Errorf("the downstream got %d requests without a token", ok+bad)
@@ -467,7 +479,7 @@ func TestBearerFileRetryOn401(t *testing.T) {
 		t.Fatalf("401 with an unchanged file: %v after %d requests; want a permanent 401 after 1", err, len(seen))
 	}
 	writeRename(t, real, "tok-B")
-	ctx, wires, _ := wireCounter(context.Background())
+	ctx, wires := wireCounter(context.Background())
 	if err := s.Send(ctx, testMessage()); err != nil {
 		t.Fatalf("send after the token changed: %v; want the retry with the new token to succeed", err)
 	}
@@ -476,8 +488,8 @@ func TestBearerFileRetryOn401(t *testing.T) {
 	if len(seen) != 3 || seen[1] != "Bearer tok-A" || seen[2] != "Bearer tok-B" {
 		t.Errorf("requests carried %q; want tok-A, then tok-A and its retry with tok-B", seen)
 	}
-	if wires.Load() != 1 {
-		t.Errorf("%d wire reports for one Send; want 1", wires.Load())
+	if wires.n.Load() != 1 {
+		t.Errorf("%d wire reports for one Send; want 1", wires.n.Load())
 	}
 }
 

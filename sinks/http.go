@@ -310,14 +310,20 @@ func wireDialer(d *net.Dialer) func(ctx context.Context, network, addr string) (
 // caller-supplied Client, whose connections are not ours. One allocation
 // holds the trace and its state.
 type wireTrace struct {
-	trace   httptrace.ClientTrace
-	wire    func(time.Time, bool)
-	viaConn atomic.Bool
-	h2      atomic.Bool // reported when its HEADERS frame was written
-	// exact: the report will be this request's own write, whole, to a
-	// loopback peer (shaper.WithWire): an HTTP/1.1 connection of ours.
+	trace httptrace.ClientTrace
+	wire  func(time.Time, bool)
+	how   atomic.Uint32 // reportAtRequest, reportAtWrite or reportAtHeaders
+	// exact, with reportAtWrite: the report will be this request's own
+	// write, whole, to a loopback peer (shaper.WithWire).
 	exact bool
 }
+
+// How a wireTrace reports its request (set by gotConn).
+const (
+	reportAtRequest uint32 = iota // WroteRequest: a caller's client; the request in its buffer
+	reportAtWrite                 // the Write of a wireConn of ours: HTTP/1.1
+	reportAtHeaders               // WroteHeaders: HTTP/2
+)
 
 func newWireTrace(wire func(time.Time, bool)) *httptrace.ClientTrace {
 	t := &wireTrace{wire: wire}
@@ -338,26 +344,26 @@ func (t *wireTrace) gotConn(info httptrace.GotConnInfo) {
 			// task ended). WroteHeaders reports it, not exact; not
 			// WroteRequest, which carries an error when the server answered
 			// before the body was all sent (a CI run saw no report so).
-			t.h2.Store(true)
+			t.how.Store(reportAtHeaders)
 			return
 		}
 		c = tc.NetConn()
 	}
 	if wc, ok := c.(*wireConn); ok {
-		t.viaConn.Store(true)
 		t.exact = wc.loopback
+		t.how.Store(reportAtWrite)
 		wc.pending.Store(t)
 	}
 }
 
 func (t *wireTrace) wroteHeaders() {
-	if t.h2.Load() {
+	if t.how.Load() == reportAtHeaders {
 		t.wire(time.Now(), false)
 	}
 }
 
 func (t *wireTrace) wroteRequest(info httptrace.WroteRequestInfo) {
-	if info.Err == nil && !t.viaConn.Load() && !t.h2.Load() {
+	if info.Err == nil && t.how.Load() == reportAtRequest {
 		t.wire(time.Now(), false) // in the buffer, maybe not yet written
 	}
 }

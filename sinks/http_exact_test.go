@@ -73,13 +73,8 @@ func TestHTTPWireReportExact(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newHTTP(t, tc.cfg)
 			for i := range 3 { // the first on a new connection, then reused ones
-				var rmu sync.Mutex
-				var reports []bool
-				ctx := shaper.WithWire(context.Background(), func(_ time.Time, exact bool) {
-					rmu.Lock()
-					reports = append(reports, exact)
-					rmu.Unlock()
-				})
+				reports := make(chan bool, 4)
+				ctx := shaper.WithWire(context.Background(), func(_ time.Time, exact bool) { reports <- exact })
 				m := testMessage()
 				m.StreamSeq = uint64(i + 1)
 				if err := s.Send(ctx, m); err != nil {
@@ -93,21 +88,17 @@ func TestHTTPWireReportExact(t *testing.T) {
 				}
 				// HTTP/2 writes the request on a goroutine of its own, which
 				// may report after the response came.
-				deadline := time.Now().Add(time.Second)
-				for {
-					rmu.Lock()
-					n := len(reports)
-					rmu.Unlock()
-					if n > 0 || time.Now().After(deadline) {
-						break
+				select {
+				case exact := <-reports:
+					if exact != tc.exact {
+						t.Errorf("send %d: wire report with exact %v, want %v", i, exact, tc.exact)
 					}
-					time.Sleep(time.Millisecond)
+				case <-time.After(5 * time.Second):
+					t.Fatalf("send %d: no wire report", i)
 				}
-				rmu.Lock()
-				if len(reports) != 1 || reports[0] != tc.exact {
-					t.Errorf("send %d: wire reports %v, want one with exact %v", i, reports, tc.exact)
+				if len(reports) > 0 {
+					t.Errorf("send %d: %d more wire reports, want one", i, len(reports))
 				}
-				rmu.Unlock()
 			}
 		})
 	}
