@@ -18,6 +18,8 @@ func (l *Lane) fetchLoop() {
 	backoff := 100 * time.Millisecond
 	var failures int // consecutive failed pulls
 	var failedSince, warned time.Time
+	ask := minPull // the most the next pull asks for (nextPull)
+	grow := false  // the last pull was cut to ask and came back full
 	for {
 		select {
 		case <-l.fetchStop:
@@ -28,14 +30,17 @@ func (l *Lane) fetchLoop() {
 		want := 0
 		switch {
 		case reject:
-			want = min(capacity, 256)
-		case l.bucket.Len() == 0 || l.bucket.Free() >= fetchLowWater(capacity):
+			want = min(capacity, 256, ask)
+		case grow || l.bucket.Len() == 0 || l.bucket.Free() >= fetchLowWater(capacity):
 			// Block mode: one pull per batch of freed slots, not one per
 			// departure (a pull request costs an inbox, a subscription and
-			// a JSON request); an empty bucket always asks at once.
-			want = l.bucket.Reserve(capacity)
+			// a JSON request); an empty bucket always asks at once, and so
+			// does a lane whose last pull was cut to the pull size and
+			// came back full (nextPull).
+			want = l.bucket.Reserve(min(capacity, ask))
 		}
 		if want == 0 {
+			grow = false // the bucket is full
 			select {
 			case <-l.fetchStop:
 				return
@@ -55,6 +60,8 @@ func (l *Lane) fetchLoop() {
 		if !reject {
 			l.bucket.Release(want - got)
 		}
+		grow = got == ask && err == nil
+		ask = nextPull(got)
 		if err != nil {
 			now := time.Now()
 			if failures == 0 {
@@ -106,6 +113,22 @@ const noLeaderRetry = 250 * time.Millisecond
 // fetchWarnEvery is how often failing pulls are logged at warning level
 // while they go on.
 const fetchWarnEvery = 10 * time.Second
+
+// minPull and nextPull size the pulls. A pull asks for at most twice what
+// the last one brought, and for at least minPull: a pull that came back
+// full doubles the next, so a lane fills its bucket from a backlog in a few
+// round trips (minPull to 1,000 in 6; the loop pulls again at once after
+// such a pull, below the low-water mark too), and a quiet lane asks for
+// little.
+// nats.go's Fetch allocates two channels of 8 and 16 bytes per message
+// asked for, for every pull; a quiet lane renews its pull every
+// sources.FetchExpiry, and asking for the whole free bucket (1,000 slots by
+// default) made those channels most of an idle daemon's CPU: 32 KB a lane
+// a second to allocate, zero and collect (perf, docs/performance.md,
+// session 29).
+const minPull = 32
+
+func nextPull(got int) int { return max(minPull, 2*got) }
 
 // fetchLowWater is how many slots must be free before a lane whose bucket
 // still holds messages pulls again: a quarter of the capacity, at most 64.

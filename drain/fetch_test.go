@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -103,4 +104,93 @@ func TestFetchRetriesSoonWithoutLeader(t *testing.T) {
 			})
 		})
 	}
+}
+
+// pullLog records what each pull asked for and what it brought.
+type pullLog struct {
+	*sourcetest.Mem
+	mu    sync.Mutex // guards asked and got, logged when a pull ends
+	asked []int
+	got   []int
+}
+
+func (s *pullLog) Fetch(ctx context.Context, max int, deliver func(*shaper.Message)) error {
+	got := 0
+	err := s.Mem.Fetch(ctx, max, func(m *shaper.Message) { got++; deliver(m) })
+	s.mu.Lock()
+	s.asked, s.got = append(s.asked, max), append(s.got, got)
+	s.mu.Unlock()
+	return err
+}
+
+// take returns the pulls logged since the last take.
+func (s *pullLog) take() (asked, got []int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	asked, got = s.asked, s.got
+	s.asked, s.got = nil, nil
+	return asked, got
+}
+
+// TestFetchPullSize: a quiet lane asks for minPull messages a pull, not for
+// its whole free bucket (nats.go allocates per message asked, every pull);
+// a pull that comes back full doubles the next, and the loop pulls again at
+// once, so a backlog of 1,000 fills a bucket of 1,000 in 6 pulls; once the
+// lane is quiet again its pulls shrink back to minPull.
+func TestFetchPullSize(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := laneConfig(10)
+		src := &pullLog{Mem: sourcetest.NewMem(cfg.Source.AckWait)}
+		sink := &recSink{}
+		l, err := New("test", cfg, src, sink, WithWaiter(TimerWaiter{}), WithDeadLetter(&recSink{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Start()
+		time.Sleep(5500 * time.Millisecond)
+		synctest.Wait()
+		asked, _ := src.take()
+		if len(asked) < 5 {
+			t.Fatalf("%d pulls in 5.5 s of a quiet lane, want one a second", len(asked))
+		}
+		for _, a := range asked {
+			if a != minPull {
+				t.Fatalf("a quiet lane's pulls asked for %v, want %d each", asked, minPull)
+			}
+		}
+
+		src.Publish(1000)
+		synctest.Wait()
+		asked, got := src.take()
+		t.Logf("filling: asked %v, got %v", asked, got)
+		// The sixth pull, for the slots still free, got the last 8 and
+		// waits for more.
+		if want := []int{32, 64, 128, 256, 512}; !slices.Equal(asked, want) {
+			t.Errorf("a backlog of 1,000 was pulled as %v, want %v and then the rest", asked, want)
+		}
+		if n, sent := l.bucket.Len(), len(sink.snapshot()); n+sent != 1000 {
+			t.Errorf("bucket holds %d and %d were sent after the backlog's pulls, want all 1000 in the bucket (capacity 1000)", n, sent)
+		}
+
+		// 10/s: the bucket is empty after 100 s; the pulls shrink back.
+		time.Sleep(110 * time.Second)
+		synctest.Wait()
+		src.take()
+		time.Sleep(3500 * time.Millisecond)
+		synctest.Wait()
+		asked, _ = src.take()
+		for _, a := range asked {
+			if a != minPull {
+				t.Errorf("quiet again, the pulls asked for %v, want %d each", asked, minPull)
+				break
+			}
+		}
+		if len(sink.snapshot()) != 1000 {
+			t.Errorf("%d delivered, want 1000", len(sink.snapshot()))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		l.Drain(ctx)
+		cancel()
+		src.Close()
+	})
 }
