@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -19,10 +20,33 @@ import (
 	"github.com/shaper-dev/shaper/shaper"
 )
 
-// FetchExpiry is how long one pull request waits for messages. It bounds how
-// long a drain waits for the fetch in progress, and how soon a lost pull
+// FetchExpiry is the longest one pull request waits for messages. It bounds
+// how long a drain waits for the fetch in progress, and how soon a lost pull
 // request (server restart, NOTES.md) is replaced by a new one.
 const FetchExpiry = time.Second
+
+// pullExpiry is the expiry of a pull request sent at now: until the next
+// whole FetchExpiry of the clock (shifted by phase, one per process). A
+// quiet lane's pull expires and is renewed every FetchExpiry; aligned, the
+// pulls of every quiet lane of a process expire together, and one wake-up
+// of the process serves them all instead of one each (issue 15: an idle
+// daemon costs nothing). Less than a quarter of FetchExpiry before the
+// grid, the pull runs to the half-grid after it instead, and the pull after
+// that one is on the grid. So an expiry lies between a quarter of
+// FetchExpiry and FetchExpiry, the second pull of a chain is aligned, and
+// FetchExpiry still bounds every pull.
+func pullExpiry(now time.Time, phase time.Duration) time.Duration {
+	d := FetchExpiry - time.Duration((now.UnixNano()+int64(phase))%int64(FetchExpiry))
+	if d < FetchExpiry/4 {
+		d += FetchExpiry / 2
+	}
+	return d
+}
+
+// pullPhase shifts this process's pull grid (pullExpiry), so that the
+// replicas of a deployment do not all renew their pulls in the same
+// millisecond.
+var pullPhase = time.Duration(rand.Int64N(int64(FetchExpiry)))
 
 // JetStreamConfig describes the stream and durable consumer of one lane.
 type JetStreamConfig struct {
@@ -342,7 +366,7 @@ func (s *JetStream) fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 		}
 		c = s.cons.Load()
 	}
-	opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(FetchExpiry)}
+	opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(pullExpiry(time.Now(), pullPhase))}
 	if mp := s.js.Conn().MaxPayload(); needsByteBudget(max, mp) { // fetchbytes.go
 		opts = append(opts, jetstream.FetchMaxBytes(pullMaxBytes(mp)))
 	}
