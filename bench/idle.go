@@ -26,8 +26,8 @@ import (
 // After a settling time, the child's CPU time (every thread's, from /proc)
 // and its threads' context switches are read over the span. Everything the
 // daemon does at idle is in it: each lane's house loop, its pull request
-// expiring every FetchExpiry, the precise waiter's watcher, the Go runtime,
-// and the scrapes.
+// expiring every FetchExpiry (all lanes' on one grid), the precise
+// waiter's watcher, the Go runtime, and the scrapes.
 
 // idleBound is issue 15's bound: under 0.5 % of one core in total.
 const idleBound = 0.005
@@ -291,7 +291,8 @@ func (r *Results) idleMarkdown() string {
 	w("%s after `/readyz` answered: CPU is the run time of every thread (`/proc/PID/task/*/schedstat`; the\n", idleSettle)
 	w("process's `utime + stime` in 10 ms ticks as a cross-check), wake-ups are the threads' context switches.\n")
 	w("Everything the daemon does at idle is counted: house loops, the pull request each lane keeps open (it\n")
-	w("expires every second and is sent again), the runtime, and the scrapes. Issue 15's bound: under %.1f %% of\n", 100*idleBound)
+	w("asks for 32 messages, expires at the next whole second of one grid for all lanes, and is sent again),\n")
+	w("the runtime, and the scrapes. Issue 15's bound: under %.1f %% of\n", 100*idleBound)
 	w("one core in total.")
 	if r.opts.Quick {
 		w(" In quick mode the span is short: a smoke number, not the measurement.")

@@ -163,9 +163,10 @@ func TestFetchPullSize(t *testing.T) {
 		synctest.Wait()
 		asked, got := src.take()
 		t.Logf("filling: asked %v, got %v", asked, got)
-		// The sixth pull, for the slots still free, got the last 8 and
-		// waits for more.
-		if want := []int{32, 64, 128, 256, 512}; !slices.Equal(asked, want) {
+		// The sixth pull, for the slots still free (8, or 9 once the first
+		// message left), brings the last 8: it ends if it asked for 8, and
+		// waits for more if it asked for 9.
+		if want := []int{32, 64, 128, 256, 512}; len(asked) < 5 || len(asked) > 6 || !slices.Equal(asked[:5], want) || (len(asked) == 6 && asked[5] != 8) {
 			t.Errorf("a backlog of 1,000 was pulled as %v, want %v and then the rest", asked, want)
 		}
 		if n, sent := l.bucket.Len(), len(sink.snapshot()); n+sent != 1000 {

@@ -3,6 +3,7 @@ package drain
 import (
 	"time"
 
+	"github.com/shaper-dev/shaper/internal/tick"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -19,7 +20,10 @@ const (
 )
 
 // houseLoop refreshes gauges and sends in-progress acks for every message the
-// lane holds, before the server's ack wait runs out (SPEC G7).
+// lane holds, before the server's ack wait runs out (SPEC G7). Its ticks
+// fall on the process's grid of the period (internal/tick), so the quiet
+// lanes of a daemon tick together, with their pull renewals, whenever each
+// last had traffic.
 func (l *Lane) houseLoop() {
 	defer close(l.houseDone)
 	ackWait := l.conf().Source.AckWait
@@ -28,7 +32,7 @@ func (l *Lane) houseLoop() {
 	}
 	progressEvery := max(ackWait/4, 50*time.Millisecond)
 	period := houseEvery
-	gauge := time.NewTimer(period)
+	gauge := time.NewTimer(tick.Until(time.Now(), period))
 	defer gauge.Stop()
 	progress := time.NewTicker(progressEvery)
 	defer progress.Stop()
@@ -41,7 +45,7 @@ func (l *Lane) houseLoop() {
 		case <-l.houseNudge: // an admission while the period was stretched
 			period = houseEvery
 			l.houseSlow.Store(false)
-			gauge.Reset(period)
+			gauge.Reset(tick.Until(time.Now(), period))
 		case <-gauge.C:
 			now := time.Now()
 			l.noteHoldEnd(now) // first: the gauges below show the lane after the end
@@ -73,19 +77,18 @@ func (l *Lane) houseLoop() {
 			}
 			lastRate = rate
 			l.houseSlow.Store(period > houseEvery)
-			gauge.Reset(untilEnd(now, period, pauseEnd, until, held))
+			gauge.Reset(untilEnd(now, tick.Until(now, period), pauseEnd, until, held))
 		case <-progress.C:
 			l.touch(time.Now(), ackWait/2)
 		}
 	}
 }
 
-// untilEnd is the wait for the next house tick: period, or less when a
-// pause (pauseEnd) or an operator's hold (until, when held) ends sooner, so
-// that the gauges and the log show its end when it comes, not up to a
-// period later.
-func untilEnd(now time.Time, period time.Duration, pauseEnd, until time.Time, held bool) time.Duration {
-	d := period
+// untilEnd is the wait for the next house tick: d (to the period's next
+// grid instant), or less when a pause (pauseEnd) or an operator's hold
+// (until, when held) ends sooner, so that the gauges and the log show its
+// end when it comes, not up to a period later.
+func untilEnd(now time.Time, d time.Duration, pauseEnd, until time.Time, held bool) time.Duration {
 	if pauseEnd.After(now) {
 		d = min(d, pauseEnd.Sub(now))
 	}

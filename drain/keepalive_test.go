@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/shaper-dev/shaper/internal/tick"
 )
 
 // TestHouseLoopStretchesWhenQuiet (issue 15: an idle daemon costs nothing;
@@ -24,14 +26,18 @@ func TestHouseLoopStretchesWhenQuiet(t *testing.T) {
 		if !h.lane.houseSlow.Load() {
 			t.Fatal("after 10 s without traffic the house loop still runs every houseEvery")
 		}
+		// Just after a tick of the grid of houseIdleEvery (internal/tick),
+		// a stale gauge stays stale until the next one.
+		time.Sleep(tick.Until(time.Now(), houseIdleEvery) + time.Millisecond)
+		synctest.Wait()
 		h.m.BucketDepth.Set(99) // stale: the next house tick sets it again
-		time.Sleep(houseIdleEvery - houseEvery - time.Millisecond)
+		time.Sleep(houseIdleEvery - 2*time.Millisecond)
 		synctest.Wait()
 		stale := testutil.ToFloat64(h.m.BucketDepth)
-		time.Sleep(houseEvery + 2*time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
 		synctest.Wait()
 		if stale != 99 {
-			t.Errorf("the quiet lane's house loop woke within %v", houseIdleEvery-houseEvery)
+			t.Errorf("the quiet lane's house loop woke within %v of its last tick", houseIdleEvery-2*time.Millisecond)
 		}
 		if got := testutil.ToFloat64(h.m.BucketDepth); got != 0 {
 			t.Errorf("bucket depth gauge %v after houseIdleEvery, want 0", got)
@@ -56,6 +62,42 @@ func TestHouseLoopStretchesWhenQuiet(t *testing.T) {
 // paused 0 and the rate back together, not a period later (found by a
 // new-user pass: for half a second after the end the metrics read "not
 // paused, rate 0").
+// TestQuietHouseLoopsTickTogether: two lanes that start (or last had
+// traffic) 370 ms apart tick on the same instants once quiet, those of the
+// process's grid of houseIdleEvery (internal/tick), so one wake-up of an
+// idle daemon serves every lane.
+func TestQuietHouseLoopsTickTogether(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := laneConfig(100)
+		cfg.Rate.Warmup.ColdFactor = 1
+		a := newHarness(t, cfg, &recSink{})
+		b := newHarness(t, cfg, &recSink{})
+		a.lane.Start()
+		time.Sleep(370 * time.Millisecond)
+		b.lane.Start()
+		b.src.Publish(1) // b's traffic, 370 ms after a started
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if !a.lane.houseSlow.Load() || !b.lane.houseSlow.Load() {
+			t.Fatal("after 10 s without traffic a house loop still runs every houseEvery")
+		}
+		for i := range 3 {
+			next := tick.Until(time.Now(), houseIdleEvery)
+			time.Sleep(next - time.Millisecond)
+			synctest.Wait()
+			a.m.BucketDepth.Set(99)
+			b.m.BucketDepth.Set(99)
+			time.Sleep(2 * time.Millisecond)
+			synctest.Wait()
+			if ga, gb := testutil.ToFloat64(a.m.BucketDepth), testutil.ToFloat64(b.m.BucketDepth); ga != 0 || gb != 0 {
+				t.Errorf("grid instant %d: bucket depth gauges %v and %v 1 ms after it, want both set again (0)", i, ga, gb)
+			}
+		}
+		a.stop(time.Second)
+		b.stop(time.Second)
+	})
+}
+
 func TestHoldEndShownAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := laneConfig(20)

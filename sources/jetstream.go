@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -17,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shaper-dev/shaper/internal/tick"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -26,27 +26,22 @@ import (
 const FetchExpiry = time.Second
 
 // pullExpiry is the expiry of a pull request sent at now: until the next
-// whole FetchExpiry of the clock (shifted by phase, one per process). A
-// quiet lane's pull expires and is renewed every FetchExpiry; aligned, the
+// instant of the process's grid of FetchExpiry (internal/tick). A quiet
+// lane's pull expires and is renewed every FetchExpiry; on the grid, the
 // pulls of every quiet lane of a process expire together, and one wake-up
 // of the process serves them all instead of one each (issue 15: an idle
 // daemon costs nothing). Less than a quarter of FetchExpiry before the
 // grid, the pull runs to the half-grid after it instead, and the pull after
 // that one is on the grid. So an expiry lies between a quarter of
-// FetchExpiry and FetchExpiry, the second pull of a chain is aligned, and
-// FetchExpiry still bounds every pull.
-func pullExpiry(now time.Time, phase time.Duration) time.Duration {
-	d := FetchExpiry - time.Duration((now.UnixNano()+int64(phase))%int64(FetchExpiry))
+// FetchExpiry and FetchExpiry, the second pull of a chain is on the grid,
+// and FetchExpiry still bounds every pull.
+func pullExpiry(now time.Time) time.Duration {
+	d := tick.Until(now, FetchExpiry)
 	if d < FetchExpiry/4 {
 		d += FetchExpiry / 2
 	}
 	return d
 }
-
-// pullPhase shifts this process's pull grid (pullExpiry), so that the
-// replicas of a deployment do not all renew their pulls in the same
-// millisecond.
-var pullPhase = time.Duration(rand.Int64N(int64(FetchExpiry)))
 
 // JetStreamConfig describes the stream and durable consumer of one lane.
 type JetStreamConfig struct {
@@ -366,7 +361,7 @@ func (s *JetStream) fetch(ctx context.Context, max int, deliver func(*shaper.Mes
 		}
 		c = s.cons.Load()
 	}
-	opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(pullExpiry(time.Now(), pullPhase))}
+	opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(pullExpiry(time.Now()))}
 	if mp := s.js.Conn().MaxPayload(); needsByteBudget(max, mp) { // fetchbytes.go
 		opts = append(opts, jetstream.FetchMaxBytes(pullMaxBytes(mp)))
 	}

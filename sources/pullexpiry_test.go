@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shaper-dev/shaper/internal/tick"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -18,11 +19,11 @@ import (
 // the quiet lanes of a process renew their pulls together.
 func TestPullExpiryAligns(t *testing.T) {
 	const g = FetchExpiry
-	base := time.Unix(1_800_000_000, 0)
-	phase := 300 * time.Millisecond
 	onGrid := func(at time.Time, every time.Duration) bool {
-		return (at.UnixNano()+int64(phase))%int64(every) == 0
+		return (at.UnixNano()+int64(tick.Phase))%int64(every) == 0
 	}
+	base := time.Unix(1_800_000_000, 0)
+	base = base.Add(tick.Until(base, g)) // on the grid
 	for _, c := range []struct {
 		after, want time.Duration // now = a grid instant + after
 	}{
@@ -35,8 +36,8 @@ func TestPullExpiryAligns(t *testing.T) {
 		{751 * time.Millisecond, 749 * time.Millisecond},
 		{999 * time.Millisecond, 501 * time.Millisecond},
 	} {
-		now := base.Add(-phase).Add(c.after) // base - phase is on the grid
-		if got := pullExpiry(now, phase); got != c.want {
+		now := base.Add(c.after)
+		if got := pullExpiry(now); got != c.want {
 			t.Errorf("a pull sent %v after a grid instant expires after %v, want %v", c.after, got, c.want)
 		}
 	}
@@ -46,7 +47,7 @@ func TestPullExpiryAligns(t *testing.T) {
 	for range 1000 {
 		now := base.Add(time.Duration(r.Int64N(int64(10 * g))))
 		for i := range 4 {
-			d := pullExpiry(now, phase)
+			d := pullExpiry(now)
 			if d < g/4 || d > g {
 				t.Fatalf("expiry %v from %v, want between %v and %v", d, now, g/4, g)
 			}
@@ -92,7 +93,7 @@ func TestQuietPullsExpireTogether(t *testing.T) {
 	wg.Wait()
 	for i, e := range ends {
 		for k, at := range e[1:] {
-			past := time.Duration((at.UnixNano() + int64(pullPhase)) % int64(FetchExpiry))
+			past := time.Duration((at.UnixNano() + int64(tick.Phase)) % int64(FetchExpiry))
 			if past > 50*time.Millisecond {
 				t.Errorf("source %d: pull %d ended %v past the grid, want within 50ms (ends %v)", i, k+1, past, e)
 			}
