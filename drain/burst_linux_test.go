@@ -11,10 +11,14 @@ import (
 )
 
 // slowBurstSource delivers each pull's messages 40 µs apart (the handing
-// over and admission of a JetStream pull, slowed down), and counts the
-// messages whose arrival the lane did not mark in its burst: fetch.go calls
-// fetchBurst.arrived with each message's receive stamp, and only the fetch
-// loop, whose callback this is, writes the burst.
+// over and admission of a JetStream pull, slowed down), each stamped
+// Received when it arrives, as the JetStream source stamps it (stamped
+// before the 40 µs, a message left the burst only 60 µs of tail, and 2 of
+// 10 runs here saw 21–22 waits in bursts where most saw 60–120; stamped on
+// arrival, 126–178 in 20 runs), and counts the messages whose arrival the
+// lane did not mark in its burst: fetch.go calls fetchBurst.arrived with
+// each message's receive stamp, and only the fetch loop, whose callback
+// this is, writes the burst.
 type slowBurstSource struct {
 	Source
 	burst    *fetchBurst
@@ -25,6 +29,7 @@ func (s slowBurstSource) Fetch(ctx context.Context, max int, deliver func(*shape
 	return s.Source.Fetch(ctx, max, func(m *shaper.Message) {
 		for end := time.Now().Add(40 * time.Microsecond); time.Now().Before(end); {
 		}
+		m.Received = time.Now() // arrived now, as the JetStream source stamps it
 		deliver(m)
 		if s.burst.until.Load() != int64(m.Received.Sub(burstEpoch)+burstTail) {
 			s.unmarked.Add(1)

@@ -3,9 +3,10 @@
 // until the next instant of the grid of their period, not a period after
 // whenever they last ran. Lanes that had traffic at different moments then
 // still wake together when quiet, and one wake-up of the process serves
-// them all: after traffic, an idle daemon with 10 lanes woke 136–150 times
-// a second with each lane on its own phase, and 67–70 with the pulls on
-// the grid (issue 15, docs/performance.md, session 29).
+// them all: after traffic, an idle daemon with 10 lanes woke 136–139 times
+// a second with each lane on its own phase, 65–70 with the pulls on the
+// grid, and 23–27 with the house loops on it too (issue 15,
+// docs/performance.md, session 29).
 package tick
 
 import (
