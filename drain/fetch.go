@@ -114,18 +114,18 @@ const noLeaderRetry = 250 * time.Millisecond
 // while they go on.
 const fetchWarnEvery = 10 * time.Second
 
-// minPull and nextPull size the pulls. A pull asks for at most twice what
-// the last one brought, and for at least minPull: a pull that came back
-// full doubles the next, so a lane fills its bucket from a backlog in a few
-// round trips (minPull to 1,000 in 6; the loop pulls again at once after
-// such a pull, below the low-water mark too), and a quiet lane asks for
-// little.
-// nats.go's Fetch allocates two channels of 8 and 16 bytes per message
-// asked for, for every pull; a quiet lane renews its pull every
-// sources.FetchExpiry, and asking for the whole free bucket (1,000 slots by
-// default) made those channels most of an idle daemon's CPU: 32 KB a lane
-// a second to allocate, zero and collect (perf, docs/performance.md,
-// session 29).
+// minPull and nextPull size the pulls. A pull asks for at most
+// max(minPull, twice what the last one brought), and for fewer when fewer
+// slots are free (at most 256 with overflow "reject"): a pull that came
+// back full doubles the next, so a lane fills its bucket from a backlog in
+// a few round trips (minPull to 1,000 in 6; the loop pulls again at once
+// after such a pull, below the low-water mark too), and a quiet lane asks
+// for little. nats.go's Fetch allocates, for every pull, a channel of 16
+// bytes per message asked for and one of 8 bytes for twice as many; a
+// quiet lane renews its pull every sources.FetchExpiry, and asking for the
+// whole free bucket (1,000 slots by default) made those channels most of
+// an idle daemon's CPU: 32 KB a lane a second to allocate, zero and
+// collect (perf, docs/performance.md, session 29).
 const minPull = 32
 
 func nextPull(got int) int { return max(minPull, 2*got) }

@@ -195,3 +195,28 @@ func TestFetchPullSize(t *testing.T) {
 		src.Close()
 	})
 }
+
+// TestFetchPullSizeReject: with overflow "reject" (no reservation), a
+// quiet lane's pulls ask for minPull too, not for 256.
+func TestFetchPullSizeReject(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := laneConfig(10)
+		cfg.Bucket.Overflow = "reject"
+		src := &pullLog{Mem: sourcetest.NewMem(cfg.Source.AckWait)}
+		l, err := New("test", cfg, src, &recSink{}, WithWaiter(TimerWaiter{}), WithDeadLetter(&recSink{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Start()
+		time.Sleep(3500 * time.Millisecond)
+		synctest.Wait()
+		asked, _ := src.take()
+		if len(asked) < 3 || slices.ContainsFunc(asked, func(a int) bool { return a != minPull }) {
+			t.Errorf("a quiet lane with overflow reject asked for %v, want %d each, one a second", asked, minPull)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		l.Drain(ctx)
+		cancel()
+		src.Close()
+	})
+}

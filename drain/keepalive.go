@@ -77,7 +77,10 @@ func (l *Lane) houseLoop() {
 			}
 			lastRate = rate
 			l.houseSlow.Store(period > houseEvery)
-			gauge.Reset(untilEnd(now, tick.Until(now, period), pauseEnd, until, held))
+			// From the clock after the tick's work (probeIdle can wait on
+			// the shared schedule), so the next tick is on the grid.
+			after := time.Now()
+			gauge.Reset(untilEnd(after, tick.Until(after, period), pauseEnd, until, held))
 		case <-progress.C:
 			l.touch(time.Now(), ackWait/2)
 		}

@@ -57,11 +57,6 @@ func TestHouseLoopStretchesWhenQuiet(t *testing.T) {
 	})
 }
 
-// TestHoldEndShownAtOnce: the gauges show the end of a timed operator hold
-// when it comes, on a lane idle long enough for a stretched house period:
-// paused 0 and the rate back together, not a period later (found by a
-// new-user pass: for half a second after the end the metrics read "not
-// paused, rate 0").
 // TestQuietHouseLoopsTickTogether: two lanes that start (or last had
 // traffic) 370 ms apart tick on the same instants once quiet, those of the
 // process's grid of houseIdleEvery (internal/tick), so one wake-up of an
@@ -98,6 +93,11 @@ func TestQuietHouseLoopsTickTogether(t *testing.T) {
 	})
 }
 
+// TestHoldEndShownAtOnce: the gauges show the end of a timed operator hold
+// when it comes, on a lane idle long enough for a stretched house period:
+// paused 0 and the rate back together, not a period later (found by a
+// new-user pass: for half a second after the end the metrics read "not
+// paused, rate 0").
 func TestHoldEndShownAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := laneConfig(20)

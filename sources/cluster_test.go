@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shaper-dev/shaper/internal/testserver"
+	"github.com/shaper-dev/shaper/internal/tick"
 	"github.com/shaper-dev/shaper/shaper"
 )
 
@@ -96,7 +97,13 @@ func TestFetchAcrossLeaderChange(t *testing.T) {
 				}
 			}
 		}()
-		time.Sleep(300 * time.Millisecond) // a pull is pending on the leader
+		// A pull is pending on the leader, at least 300 ms old and 200 ms
+		// from its expiry: the first pull ends at the next instant of the
+		// pull grid, or half a second after it (pullExpiry), so 300 ms past
+		// that instant either the first pull or its renewal is in force.
+		// (A step-down just after a renewal can find the new pull not yet
+		// replicated, and only replicated pulls get the 409.)
+		time.Sleep(tick.Until(time.Now(), FetchExpiry) + 300*time.Millisecond)
 		resp, err := nc.Request("$JS.API.CONSUMER.LEADER.STEPDOWN.LC.lc", nil, 5*time.Second)
 		if err != nil {
 			t.Fatalf("step-down: %v", err)

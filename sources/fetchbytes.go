@@ -8,8 +8,8 @@ import (
 )
 
 // FetchBytes bounds the bytes one pull request may bring (issue 15), 16 MiB:
-// a lane asks for as many messages as its bucket has free slots, and with
-// large messages that is more than the client and the server buffer for one
+// a lane asks for up to as many messages as its bucket has free slots
+// (drain/fetch.go), and with large messages that is more than the client and the server buffer for one
 // connection (nats.go's pending limit of a subscription and nats-server's
 // max_pending of a client are 64 MiB by default). A pull of 300 messages of
 // 512 KiB (150 MiB) lost messages on the way (74 of them came back only

@@ -302,7 +302,8 @@ func (s *JetStream) Bound() bool { return s.bound.Load() }
 const leaderChangeRepulls = 5
 
 // Fetch implements drain.Source: one pull request for up to max messages,
-// expiring after FetchExpiry. Every message received is passed to deliver.
+// expiring at the pull grid's next instant (pullExpiry: at most
+// FetchExpiry). Every message received is passed to deliver.
 //
 // A pull that the server ends with a leadership change of the consumer
 // (status 409 "Leadership Change": the pending pull requests of the old
