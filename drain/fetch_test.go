@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/shaper"
 	"github.com/shaper-dev/shaper/sources/sourcetest"
@@ -132,6 +133,30 @@ func (s *pullLog) take() (asked, got []int) {
 	return asked, got
 }
 
+// startPullLog starts a lane of cfg on a pullLog source (under synctest).
+func startPullLog(t *testing.T, cfg config.Lane) (*Lane, *pullLog, *recSink) {
+	t.Helper()
+	src := &pullLog{Mem: sourcetest.NewMem(cfg.Source.AckWait)}
+	sink := &recSink{}
+	l, err := New("test", cfg, src, sink, WithWaiter(TimerWaiter{}), WithDeadLetter(&recSink{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Start()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		l.Drain(ctx)
+		cancel()
+		src.Close()
+	})
+	return l, src, sink
+}
+
+// allMinPull reports whether every pull asked for minPull.
+func allMinPull(asked []int) bool {
+	return !slices.ContainsFunc(asked, func(a int) bool { return a != minPull })
+}
+
 // TestFetchPullSize: a quiet lane asks for minPull messages a pull, not for
 // its whole free bucket (nats.go allocates per message asked, every pull);
 // a pull that comes back full doubles the next, and the loop pulls again at
@@ -139,24 +164,15 @@ func (s *pullLog) take() (asked, got []int) {
 // lane is quiet again its pulls shrink back to minPull.
 func TestFetchPullSize(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := laneConfig(10)
-		src := &pullLog{Mem: sourcetest.NewMem(cfg.Source.AckWait)}
-		sink := &recSink{}
-		l, err := New("test", cfg, src, sink, WithWaiter(TimerWaiter{}), WithDeadLetter(&recSink{}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		l.Start()
+		l, src, sink := startPullLog(t, laneConfig(10))
 		time.Sleep(5500 * time.Millisecond)
 		synctest.Wait()
 		asked, _ := src.take()
 		if len(asked) < 5 {
 			t.Fatalf("%d pulls in 5.5 s of a quiet lane, want one a second", len(asked))
 		}
-		for _, a := range asked {
-			if a != minPull {
-				t.Fatalf("a quiet lane's pulls asked for %v, want %d each", asked, minPull)
-			}
+		if !allMinPull(asked) {
+			t.Fatalf("a quiet lane's pulls asked for %v, want %d each", asked, minPull)
 		}
 
 		src.Publish(1000)
@@ -180,19 +196,12 @@ func TestFetchPullSize(t *testing.T) {
 		time.Sleep(3500 * time.Millisecond)
 		synctest.Wait()
 		asked, _ = src.take()
-		for _, a := range asked {
-			if a != minPull {
-				t.Errorf("quiet again, the pulls asked for %v, want %d each", asked, minPull)
-				break
-			}
+		if !allMinPull(asked) {
+			t.Errorf("quiet again, the pulls asked for %v, want %d each", asked, minPull)
 		}
 		if len(sink.snapshot()) != 1000 {
 			t.Errorf("%d delivered, want 1000", len(sink.snapshot()))
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		l.Drain(ctx)
-		cancel()
-		src.Close()
 	})
 }
 
@@ -202,21 +211,12 @@ func TestFetchPullSizeReject(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := laneConfig(10)
 		cfg.Bucket.Overflow = "reject"
-		src := &pullLog{Mem: sourcetest.NewMem(cfg.Source.AckWait)}
-		l, err := New("test", cfg, src, &recSink{}, WithWaiter(TimerWaiter{}), WithDeadLetter(&recSink{}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		l.Start()
+		_, src, _ := startPullLog(t, cfg)
 		time.Sleep(3500 * time.Millisecond)
 		synctest.Wait()
 		asked, _ := src.take()
-		if len(asked) < 3 || slices.ContainsFunc(asked, func(a int) bool { return a != minPull }) {
+		if len(asked) < 3 || !allMinPull(asked) {
 			t.Errorf("a quiet lane with overflow reject asked for %v, want %d each, one a second", asked, minPull)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		l.Drain(ctx)
-		cancel()
-		src.Close()
 	})
 }
