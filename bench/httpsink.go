@@ -383,6 +383,13 @@ type wiredSink struct{ *countingSink }
 
 func (wiredSink) ReportsWire() bool { return true }
 
+// GatesWire passes the sink's own (drain.WireGater): the lane releases its
+// departures a lead early only to a sink that gates their writes.
+func (w wiredSink) GatesWire() bool {
+	g, ok := w.Sink.(drain.WireGater)
+	return ok && g.GatesWire()
+}
+
 // runLaneOnSink runs the lane cfg over n in-memory messages into sink and
 // measures it from Start to the n-th Send's return.
 func runLaneOnSink(cfg config.Lane, sink drain.Sink, wire bool, n int) (int, meterResult, *countingSink, error) {
@@ -876,7 +883,9 @@ func (r *Results) httpMarkdown() string {
 	w("%s\n", t.String())
 	if lane, ok := r.httpOf("shaper lane, HTTP sink"); ok && len(lane.wire) == len(httpQuantiles) {
 		w("The lane's requests from departure to the task's Send call and to the sink's wire report (the\n")
-		w("connection's Write returned), in µs: the lane holds the next departure until the report, and a report\n")
+		w("connection's Write returned), in µs. The task is released up to 150 µs before its departure instant\n")
+		w("(negative: the Send came before it) and its write waits at the gate until the instant (drain/gate.go),\n")
+		w("so the wire report row is the gate's wake-up and the write. The lane holds the next departure until the report, and a report\n")
 		w("later than the make-up allows moves the schedule (shaper.Pacer.Wire, SPEC G1 at the wire); the\n")
 		w("last row is from one request's wire report to the next departure (negative: it left before the report).\n\n")
 		qt := table{head: []string{"departure →", "p50", "p90", "p99", "p99.9"}}

@@ -59,6 +59,19 @@ type WireReporter interface {
 	ReportsWire() bool
 }
 
+// WireGater is implemented by WireReporters that call the function of
+// shaper.WithGate before the first byte of each request is written, on
+// every path a request can take (sinks.HTTP with its own transport: in the
+// connection's Write for HTTP/1.1, when the connection is got for
+// HTTP/2). GatesWire reports whether this sink does. For them the lane
+// releases a departure up to a lead before its instant above 1,000/s, and
+// the request waits at the gate (drain/gate.go). A sink that says true and
+// writes before the gate returns lets the downstream see a request up to
+// the lead early: SPEC G1's windows at the downstream no longer hold.
+type WireGater interface {
+	GatesWire() bool
+}
+
 // maxWireWait bounds how long a departure waits for the previous request to
 // reach the wire (WireReporter). The first request on a new connection pays
 // the dial (measured up to ~15 ms on loopback here).

@@ -145,7 +145,7 @@ func (l *Lane) awaitDepartureTime(ctx context.Context, since time.Time) (ready, 
 				return ready, now, scheduled, true, true
 			}
 		}
-		at := l.departureAt(now)
+		at, lead := l.departureAt(now)
 		if !at.After(now) && l.global != nil {
 			var ok bool // the shared schedule's slot (global.go)
 			var after time.Time
@@ -164,12 +164,18 @@ func (l *Lane) awaitDepartureTime(ctx context.Context, since time.Time) (ready, 
 			return ready, now, scheduled, false, true
 		}
 		scheduled = at
+		// A sink that gates its writes gets the task a lead early, and the
+		// departure counts at its instant (gate.go).
+		release := at.Add(-lead)
+		if !release.After(now) {
+			return ready, at, scheduled, false, true
+		}
 		var woke bool
 		var err error
-		if l.burstSpin && l.burst.spinFor(l.conf().Rate.Limit, now, at) {
-			woke, err = l.spinUntil(ctx, at)
+		if l.burstSpin && l.burst.spinFor(l.conf().Rate.Limit, now, release) {
+			woke, err = l.spinUntil(ctx, release)
 		} else {
-			woke, err = l.waiter.Wait(ctx, at, l.wake)
+			woke, err = l.waiter.Wait(ctx, release, l.wake)
 		}
 		if err != nil {
 			return ready, now, scheduled, false, false
@@ -185,11 +191,18 @@ func (l *Lane) awaitDepartureTime(ctx context.Context, since time.Time) (ready, 
 
 // departureAt is when the next message may leave as seen at now: the
 // pacer's time, held by an operator's pause and by the write of the
-// previous request (at most maxWireWait or an interval).
-func (l *Lane) departureAt(now time.Time) time.Time {
+// previous request (at most maxWireWait or an interval); and the lead
+// before it at which the loop may release it to a sink that gates its
+// writes (gate.go).
+func (l *Lane) departureAt(now time.Time) (at time.Time, lead time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	at := l.pacer.Next(now)
+	if l.gatesWire {
+		if rate := l.pacer.Rate(now); rate > 0 {
+			lead = l.gateLead(shaper.Limit(rate).Interval())
+		}
+	}
+	at = l.pacer.Next(now)
 	if until, held := l.holdUntil(now); held && until.After(at) {
 		at = until // an operator's pause (control.go)
 	}
@@ -204,7 +217,7 @@ func (l *Lane) departureAt(now time.Time) time.Time {
 			}
 		}
 	}
-	return at
+	return at, lead
 }
 
 // depart records m's departure at now (ready: when the loop was ready;

@@ -202,23 +202,7 @@ func TestLaneInLineWireReporter(t *testing.T) {
 	const n = 30
 	iv := 10 * time.Millisecond
 	sink := &respondLateSink{respond: 2 * iv}
-	cfg := laneConfig(100)
-	cfg.Rate.Warmup = config.Warmup{ColdFactor: 1}
-	src := sourcetest.NewMem(cfg.Source.AckWait)
-	l, err := New("test", cfg, src, sink, WithWaiter(NewPreciseWaiter()), WithMetrics(metrics.New(prometheus.NewRegistry()).Lane("test", 100)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	src.Publish(n)
-	l.Start()
-	deadline := time.Now().Add(10 * time.Second)
-	for src.Count(sourcetest.Acked) < n && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	l.Drain(ctx)
-	cancel()
-	src.Close()
+	l := runPreciseLane(t, sink, 100, n)
 	sink.mu.Lock()
 	ws := slices.Clone(sink.wired)
 	sink.mu.Unlock()

@@ -88,7 +88,12 @@ type Lane struct {
 	unwired     *shaper.Message
 	departedAt  time.Time
 	reportsWire bool
-	wake        chan struct{} // pacer changed (pause)
+	// gatesWire: the sink holds each request's write until its departure
+	// instant (WireGater), and the lane's waiter is on the real clock: the
+	// departure loop may release tasks a lead early (gate.go).
+	gatesWire bool
+	gate      writeGate     // the departure instants' gate (gate.go)
+	wake      chan struct{} // pacer changed (pause)
 	// lastDeparture is the time of the previous departure (gap metric);
 	// only the departure loop touches it.
 	lastDeparture time.Time
@@ -174,6 +179,9 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 	l.log = l.log.With("lane", name)
 	if wr, ok := sink.(WireReporter); ok && wr.ReportsWire() {
 		l.reportsWire = true // a replacement sink is of the same kind (Update)
+		_, onClock := realClock(l.waiter)
+		g, gates := sink.(WireGater)
+		l.gatesWire = onClock && gates && g.GatesWire()
 	}
 	l.setAdaptive(cfg)
 	l.pacer = shaper.NewPacer(l.pacerConfigNow(cfg, time.Now()), time.Now())
@@ -377,6 +385,7 @@ func (l *Lane) Drain(ctx context.Context) Summary {
 	}
 	l.m.BucketDepth.Set(0)
 	l.tasks.Wait()
+	l.gate.close()
 	l.stopWorkers()
 	l.acks.flush() // every ack sent before Drain returns (the caller flushes the connection)
 	close(l.houseStop)

@@ -40,6 +40,9 @@ func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 	var ctx context.Context = tctx
 	if l.reportsWire { // only a WireReporter calls it (a closure and a context value per task otherwise)
 		ctx = shaper.WithWire(ctx, func(t time.Time, exact bool) { l.wired(m, t, exact) })
+		if l.gatesWire { // a task released a lead before m.Departed waits for it at the write (gate.go)
+			ctx = shaper.WithGate(ctx, func() { l.gate.wait(m.Departed) })
+		}
 	}
 	ctx = l.withRateLimitReport(ctx) // rate.adaptive.headers (adaptive.go)
 	err := sink.s.Send(ctx, m)

@@ -491,7 +491,10 @@ func (p *Pacer) Depart(ready, now time.Time) {
 // was written whole to this host's loopback, where the downstream's kernel
 // stamps it inside the write): the tiles. Call g_n the schedule's time when
 // request n departs. It departs at or after g_n, so the downstream's kernel
-// stamps it after g_n, and no later than its exact report. The report moves
+// stamps it after g_n, and no later than its exact report. (A departure
+// that a lane released a lead before its instant, to a sink that gates its
+// writes, counts at that instant, and the sink writes nothing of the
+// request before it: drain/gate.go, shaper.WithGate.) The report moves
 // the schedule to at least itself (g_{n+1} ≥ wired; a reload or a Rebase
 // keeps that, wireLeast), so each request reaches the downstream within its
 // own tile (g_n, g_{n+1}], and the tiles, each at least an interval long

@@ -30,3 +30,22 @@ func WireFrom(ctx context.Context) func(at time.Time, exact bool) {
 	fn, _ := ctx.Value(wireKey{}).(func(time.Time, bool))
 	return fn
 }
+
+type gateKey struct{}
+
+// WithGate returns a context carrying fn, which a sink that gates its
+// writes (drain.WireGater) calls once per request, just before the first
+// byte of the request is written, and which returns at the request's
+// departure instant. The lane released the task up to a lead earlier, so
+// that the request waits at the gate instead of on its way to the
+// connection (drain/gate.go); the downstream then sees it no earlier than
+// the departure, which SPEC G1's proofs count from (Pacer.Wire, the tiles).
+func WithGate(ctx context.Context, fn func()) context.Context {
+	return context.WithValue(ctx, gateKey{}, fn)
+}
+
+// GateFrom returns the function set by WithGate, or nil.
+func GateFrom(ctx context.Context) func() {
+	fn, _ := ctx.Value(gateKey{}).(func())
+	return fn
+}

@@ -284,6 +284,9 @@ type wireConn struct {
 }
 
 func (c *wireConn) Write(b []byte) (int, error) {
+	if t := c.pending.Load(); t != nil {
+		t.openGate() // the request's first byte waits for its departure (shaper.WithGate)
+	}
 	n, err := c.Conn.Write(b)
 	if t := c.pending.Swap(nil); t != nil && err == nil {
 		t.wire(time.Now(), t.exact)
@@ -312,7 +315,11 @@ func wireDialer(d *net.Dialer) func(ctx context.Context, network, addr string) (
 type wireTrace struct {
 	trace httptrace.ClientTrace
 	wire  func(time.Time, bool)
-	how   atomic.Uint32 // reportAtRequest, reportAtWrite or reportAtHeaders
+	// gate, when the lane gates writes (shaper.WithGate), returns at the
+	// request's departure instant; openGate calls it once, before the
+	// request's first byte is written.
+	gate func()
+	how  atomic.Uint32 // reportAtRequest, reportAtWrite or reportAtHeaders
 	// exact, with reportAtWrite: the report will be this request's own
 	// write, whole, to a loopback peer (shaper.WithWire).
 	exact bool
@@ -325,12 +332,21 @@ const (
 	reportAtHeaders               // WroteHeaders: HTTP/2
 )
 
-func newWireTrace(wire func(time.Time, bool)) *httptrace.ClientTrace {
-	t := &wireTrace{wire: wire}
+func newWireTrace(wire func(time.Time, bool), gate func()) *httptrace.ClientTrace {
+	t := &wireTrace{wire: wire, gate: gate}
 	t.trace.GotConn = t.gotConn
 	t.trace.WroteHeaders = t.wroteHeaders
 	t.trace.WroteRequest = t.wroteRequest
 	return &t.trace
+}
+
+// openGate waits at the gate, the first time only (the goroutine that
+// writes the request calls it: one at a time).
+func (t *wireTrace) openGate() {
+	if g := t.gate; g != nil {
+		t.gate = nil
+		g()
+	}
 }
 
 func (t *wireTrace) gotConn(info httptrace.GotConnInfo) {
@@ -345,6 +361,7 @@ func (t *wireTrace) gotConn(info httptrace.GotConnInfo) {
 			// WroteRequest, which carries an error when the server answered
 			// before the body was all sent (a CI run saw no report so).
 			t.how.Store(reportAtHeaders)
+			t.openGate() // nothing of the request is written before GotConn returns
 			return
 		}
 		c = tc.NetConn()
@@ -352,8 +369,10 @@ func (t *wireTrace) gotConn(info httptrace.GotConnInfo) {
 	if wc, ok := c.(*wireConn); ok {
 		t.exact = wc.loopback
 		t.how.Store(reportAtWrite)
-		wc.pending.Store(t)
+		wc.pending.Store(t) // its Write opens the gate
+		return
 	}
+	t.openGate() // a connection that is not ours: here, before any write
 }
 
 func (t *wireTrace) wroteHeaders() {
@@ -390,6 +409,13 @@ func (s *HTTP) send(req *http.Request) (*http.Response, error) {
 // the request has been written to the connection (drain.WireReporter).
 func (s *HTTP) ReportsWire() bool { return true }
 
+// GatesWire reports true when the sink sends through its own transport
+// (no HTTPConfig.Client): then no byte of a request is written before the
+// function of shaper.WithGate returns (drain.WireGater): in the
+// connection's Write for HTTP/1.1, in GotConn for HTTP/2. A caller's
+// client may write before any hook of ours runs.
+func (s *HTTP) GatesWire() bool { return s.transport != nil && s.client.Transport == s.transport }
+
 // Send delivers m as one request and classifies the response (see [HTTP]).
 // It returns nil on success, otherwise a *shaper.SinkError.
 func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
@@ -408,7 +434,7 @@ func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
 	}
 	rctx := ctx
 	if wire := shaper.WireFrom(ctx); wire != nil {
-		rctx = httptrace.WithClientTrace(ctx, newWireTrace(wire))
+		rctx = httptrace.WithClientTrace(ctx, newWireTrace(wire, shaper.GateFrom(ctx)))
 	}
 	target, err := s.url.Expand(m)
 	if err != nil { // the message lacks what sink.url references: dead letter invalid

@@ -34,14 +34,7 @@ func TestHTTPWireReportExact(t *testing.T) {
 		w.WriteHeader(http.StatusOK)
 	})
 	h1 := newServer(t, h)
-	h2 := httptest.NewUnstartedServer(h)
-	h2.EnableHTTP2 = true
-	h2.StartTLS()
-	t.Cleanup(h2.Close)
-	ca := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: h2.Certificate().Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	h2, ca := newH2Server(t, h)
 
 	type row struct {
 		name      string
@@ -102,6 +95,22 @@ func TestHTTPWireReportExact(t *testing.T) {
 			}
 		})
 	}
+}
+
+// newH2Server starts an HTTP/2 server over TLS on loopback, closed by
+// t.Cleanup, and returns it with the path of a PEM file of its certificate
+// (sink.tls.ca_file).
+func newH2Server(t *testing.T, h http.Handler) (*httptest.Server, string) {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return srv, ca
 }
 
 // nonLoopbackIPv4 returns an IPv4 address of this host that is not

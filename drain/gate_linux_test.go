@@ -1,0 +1,146 @@
+package drain
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shaper-dev/shaper/config"
+	"github.com/shaper-dev/shaper/metrics"
+	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/sources/sourcetest"
+)
+
+// gatingSink reports each request's wire instant right after the gate of
+// shaper.WithGate returned, as sinks.HTTP does on its own transport, and
+// records when each Send was called, when its gate returned and the
+// message's departure instant.
+type gatingSink struct {
+	gates bool // GatesWire
+	mu    sync.Mutex
+	calls []gateCall
+}
+
+type gateCall struct {
+	departed, called, opened time.Time
+	gated                    bool // the context carried a gate
+}
+
+func (s *gatingSink) ReportsWire() bool { return true }
+func (s *gatingSink) GatesWire() bool   { return s.gates }
+
+func (s *gatingSink) Send(ctx context.Context, m *shaper.Message) error {
+	c := gateCall{departed: m.Departed, called: time.Now()}
+	if g := shaper.GateFrom(ctx); g != nil {
+		c.gated = true
+		g()
+	}
+	c.opened = time.Now()
+	shaper.WireFrom(ctx)(c.opened, true)
+	s.mu.Lock()
+	s.calls = append(s.calls, c)
+	s.mu.Unlock()
+	return nil
+}
+
+// runPreciseLane runs a lane at limit (no warmup, the precise waiter)
+// over n in-memory messages into sink until they are acked (or 20 s), and
+// drains it; it returns the lane for its counters.
+func runPreciseLane(t *testing.T, sink Sink, limit float64, n int) *Lane {
+	t.Helper()
+	cfg := laneConfig(limit)
+	cfg.Rate.Warmup = config.Warmup{ColdFactor: 1}
+	src := sourcetest.NewMem(cfg.Source.AckWait)
+	l, err := New("test", cfg, src, sink, WithWaiter(NewPreciseWaiter()), WithMetrics(metrics.New(prometheus.NewRegistry()).Lane("test", limit)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Publish(n)
+	l.Start()
+	deadline := time.Now().Add(20 * time.Second)
+	for src.Count(sourcetest.Acked) < n && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	l.Drain(ctx)
+	cancel()
+	src.Close()
+	return l
+}
+
+// runGatingLane sends n messages through a lane at limit into s and
+// returns what s recorded, in departure order.
+func runGatingLane(t *testing.T, s *gatingSink, limit float64, n int) []gateCall {
+	t.Helper()
+	runPreciseLane(t, s, limit, n)
+	s.mu.Lock()
+	calls := slices.Clone(s.calls)
+	s.mu.Unlock()
+	if len(calls) != n {
+		t.Fatalf("%d sends, want %d", len(calls), n)
+	}
+	slices.SortFunc(calls, func(a, b gateCall) int { return a.departed.Compare(b.departed) })
+	return calls
+}
+
+// TestLaneGatesWritesALeadEarly: above 1,000/s a lane whose sink gates its
+// writes (WireGater) releases each task up to a lead before its departure
+// instant (drain/gate.go) and hands it a gate that returns at that instant,
+// never before: so nothing reaches the downstream before its departure, and
+// the departures keep SPEC G1's spacing as the pacer set it. A sink that does
+// not gate gets no gate and no task before its departure; nor does a lane at
+// 1,000/s or less.
+func TestLaneGatesWritesALeadEarly(t *testing.T) {
+	const limit, n = 4000.0, 2000
+	iv := shaper.Limit(limit).Interval()
+	calls := runGatingLane(t, &gatingSink{gates: true}, limit, n)
+	early, worst := 0, time.Duration(0)
+	for i, c := range calls {
+		if !c.gated {
+			t.Fatalf("send %d had no gate", i)
+		}
+		if c.called.Before(c.departed) {
+			early++
+		}
+		if c.opened.Before(c.departed) {
+			worst = max(worst, c.departed.Sub(c.opened))
+		}
+		if i > 0 {
+			// Departures never closer than min_spacing (with slack 0 the
+			// pacer keeps it at every rate, Pacer.floored).
+			if gap := c.departed.Sub(calls[i-1].departed); gap < time.Duration(shaper.DefaultMinSpacing*float64(iv)) {
+				t.Fatalf("departures %d and %d %v apart, under %v × %v", i-1, i, gap, shaper.DefaultMinSpacing, iv)
+			}
+		}
+	}
+	t.Logf("%d of %d sends called before their departure instant (lead %v)", early, n, min(time.Duration(gateLeadShare*float64(iv)), gateLeadMax))
+	if worst > 0 {
+		t.Errorf("a gate opened %v before its departure instant", worst)
+	}
+	if early < n/2 {
+		t.Errorf("only %d of %d sends called before their departure: the lane did not release them early", early, n)
+	}
+
+	for _, tc := range []struct {
+		name  string
+		sink  *gatingSink
+		limit float64
+	}{
+		{"a sink that does not gate", &gatingSink{}, limit},
+		{"at 1,000/s", &gatingSink{gates: true}, 1000},
+	} {
+		calls := runGatingLane(t, tc.sink, tc.limit, 300)
+		for i, c := range calls {
+			if c.called.Before(c.departed) {
+				t.Fatalf("%s: send %d called %v before its departure", tc.name, i, c.departed.Sub(c.called))
+			}
+			if c.gated && !tc.sink.gates {
+				t.Fatalf("%s: send %d had a gate", tc.name, i)
+			}
+		}
+	}
+}
