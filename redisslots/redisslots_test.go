@@ -30,9 +30,12 @@ func interval(perSecond float64) time.Duration {
 // makes it up), and records the slot (as the server's instant: serverTime) and the
 // departure; dropped counts the slots it dropped. offer (if > 0) spaces the attempts like a producer offering
 // that many per second: an attempt never starts before the previous one's
-// offer time.
+// offer time. worstU is the largest uncertainty of the clock anchor that
+// placed a used slot on the local clock (clockSync: half the anchor's round
+// trip, and the drift since): how far a departure may be from the server's
+// instant of its slot, beyond its own lateness.
 func consume(ls *LaneSlots, req drain.SlotRequest, stop time.Time, offer time.Duration, w drain.Waiter,
-	clockOffset time.Duration) (slots, departures []time.Time, dropped int, err error) {
+	clockOffset time.Duration) (slots, departures []time.Time, dropped int, worstU time.Duration, err error) {
 	ctx := context.Background()
 	iv := req.Interval
 	if w == nil {
@@ -44,32 +47,35 @@ func consume(ls *LaneSlots, req drain.SlotRequest, stop time.Time, offer time.Du
 	for time.Now().Before(stop) {
 		if offer > 0 {
 			if _, err := w.Wait(ctx, next, nil); err != nil {
-				return slots, departures, dropped, err
+				return slots, departures, dropped, worstU, err
 			}
 			next = next.Add(offer)
 		}
 		s, err := ls.Reserve(ctx, req)
 		if err != nil {
-			return slots, departures, dropped, err
+			return slots, departures, dropped, worstU, err
 		}
 		s = s.Add(-clockOffset)
 		if _, err := w.Wait(ctx, s, nil); err != nil {
-			return slots, departures, dropped, err
+			return slots, departures, dropped, worstU, err
 		}
 		now := time.Now()
 		if now.Sub(s) > shaper.SlotTolerance(iv, req.Slack, req.MinSpacing) {
 			// Woke too late for this slot: not used; the schedule makes
 			// it up (as the lane does: drain.SlotReleaser).
 			if err := ls.Release(ctx, s.Add(clockOffset), req); err != nil {
-				return slots, departures, dropped, err
+				return slots, departures, dropped, worstU, err
 			}
 			dropped++
 			continue
 		}
 		departures = append(departures, now)
+		ls.mu.Lock()
+		worstU = max(worstU, ls.sync.uncertainty(now))
+		ls.mu.Unlock()
 		slots = append(slots, serverTime(ls, s.Add(clockOffset)))
 	}
-	return slots, departures, dropped, nil
+	return slots, departures, dropped, worstU, nil
 }
 
 // serverTime is the slot at (local time) as the server's instant, converted
@@ -115,7 +121,7 @@ func TestRedisGCRATwoReplicas(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, d, n, err := consume(ls, slotReq(iv), stop, 0, drain.NewPreciseWaiter(), 0)
+			s, d, n, _, err := consume(ls, slotReq(iv), stop, 0, drain.NewPreciseWaiter(), 0)
 			mu.Lock()
 			defer mu.Unlock()
 			slots, deps = append(slots, s...), append(deps, d...)
@@ -185,18 +191,22 @@ func TestRedisLeasesAt10k(t *testing.T) {
 	lanes := []*LaneSlots{rs[0].Lane("fast"), rs[1].Lane("fast")}
 	stop := time.Now().Add(time.Second)
 	var (
-		mu   sync.Mutex
-		deps []time.Time
-		wg   sync.WaitGroup
-		errs []error
+		mu     sync.Mutex
+		deps   []time.Time
+		slots  []time.Time // in the server's clock
+		wg     sync.WaitGroup
+		errs   []error
+		worstU time.Duration // the two replicas' worst anchor uncertainties, summed
 	)
 	for _, ls := range lanes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, d, _, err := consume(ls, slotReq(iv), stop, 0, drain.NewPreciseWaiter(), 0)
+			s, d, _, u, err := consume(ls, slotReq(iv), stop, 0, drain.NewPreciseWaiter(), 0)
 			mu.Lock()
 			deps = append(deps, d...)
+			slots = append(slots, s...)
+			worstU += u
 			if err != nil {
 				errs = append(errs, err)
 			}
@@ -243,15 +253,26 @@ func TestRedisLeasesAt10k(t *testing.T) {
 			t.Errorf("%.3f round trips per departure, want ≤ 1/15 (leases of 20; %d slots dropped)", per, dropped)
 		}
 	}
-	// G1 above 1,000/s, windows ≥ 1 ms: floor(W × limit) + 1, plus the
-	// cross-replica allowance of docs/scaling.md: each replica maps the
-	// server's clock to its own within half its best round trip (tens of
-	// µs, up to ~100 µs on this busy machine), which at 10,000/s is about
-	// an interval, so replicas' leases may overlap by one departure.
+	// G1 above 1,000/s, windows ≥ 1 ms: floor(W × limit) + 1. The slots,
+	// in the server's clock, are one schedule and keep it exactly. The
+	// departures carry the cross-replica allowance of docs/scaling.md:
+	// each replica places the server's clock on its own within its
+	// anchor's uncertainty (half its best round trip and the drift since:
+	// tens of µs, up to ~100 µs on this busy machine, about an interval
+	// at 10,000/s), so the replicas' departures may meet by one more per
+	// interval of the two uncertainties summed, at least one: measured,
+	// not assumed (a CI run saw 103 in a 10 ms window against the fixed
+	// +1's 102, its uncertainties not recorded).
+	slices.SortFunc(slots, func(a, b time.Time) int { return a.Compare(b) })
+	allow := max(1, int(math.Ceil(float64(worstU)/float64(iv))))
+	t.Logf("anchor uncertainties summed %v (%.2f intervals): allowance +%d", worstU, float64(worstU)/float64(iv), allow)
 	for _, w := range []time.Duration{time.Millisecond, 10 * time.Millisecond, 100 * time.Millisecond} {
-		bound := int(w.Seconds()*rate) + 1 + 1
-		if got := maxIn(deps, w); got > bound {
-			t.Errorf("%d departures in a %v window, bound %d", got, w, bound)
+		bound := int(w.Seconds()*rate) + 1
+		if got := maxIn(slots, w); got > bound {
+			t.Errorf("%d slots in a %v window of the server's clock, bound %d", got, w, bound)
+		}
+		if got := maxIn(deps, w); got > bound+allow {
+			t.Errorf("%d departures in a %v window, bound %d + %d", got, w, bound, allow)
 		}
 	}
 	// Under -race on two shared cores the consumers lose slots (late
@@ -573,7 +594,7 @@ func TestCase_C23_GlobalBurst(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					s, d, _, err := consume(ls, drain.SlotRequest{Interval: iv, Slack: tc.slack, MinSpacing: shaper.DefaultMinSpacing},
+					s, d, _, _, err := consume(ls, drain.SlotRequest{Interval: iv, Slack: tc.slack, MinSpacing: shaper.DefaultMinSpacing},
 						stop, interval(offer), nil, 0)
 					mu.Lock()
 					slots, deps = append(slots, s...), append(deps, d...)
