@@ -296,6 +296,11 @@ type LaneSlots struct {
 	droppedLate time.Duration
 	onDrop      func(n int) // OnDrop's; nil until set
 
+	// down: the last reservation failed, Redis being unreachable (the
+	// lane paces locally); a refused connection then fails at once
+	// (awaitRestart waits only for the first).
+	down bool
+
 	calls atomic.Int64 // round trips (script runs), for benchmarks
 	// remaining is the shared quota's remainder at the last answer that
 	// carried one; -1 before it.
@@ -434,8 +439,10 @@ func leaseSize(interval time.Duration) int {
 // did not answer within the timeout: no slot is given, the caller paces
 // locally. A call that times out, or whose connection broke, is tried once
 // more, with retryTimeouts × the timeout, before Reserve gives up
-// (retryOnce), so Reserve returns within about seven times the timeout (at
-// once when the connection is refused). When the
+// (retryOnce), so Reserve returns within about seven times the timeout. A
+// refused connection after an answer is dialled again for up to
+// restartWait (awaitRestart: a restarting server); while the lane paces
+// locally, at once. When the
 // shared quota is spent the error is a *drain.QuotaWait with the local
 // instant at which the oldest counted slot leaves the window: no slot was
 // taken, ask again then. A lease is cut short where the quota would be
@@ -466,6 +473,15 @@ func (s *LaneSlots) Reserve(ctx context.Context, r drain.SlotRequest) (time.Time
 		// fallback rate on top of the limit. It gets a longer deadline
 		// (retryTimeouts: a failover's pause of the old master's clients).
 		next, err = s.reserve(asRetry(ctx), r)
+	}
+	if err != nil && ctx.Err() == nil && refused(err) && !s.down {
+		// Redis restarting: refused for tens of ms (retry.go).
+		next, err = s.awaitRestart(ctx, r)
+	}
+	if _, spent := errors.AsType[*drain.QuotaWait](err); err != nil && !spent {
+		s.down = true
+	} else {
+		s.down = false
 	}
 	if err != nil {
 		return time.Time{}, err

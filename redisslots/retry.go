@@ -7,6 +7,8 @@ import (
 	"net"
 	"syscall"
 	"time"
+
+	"github.com/shaper-dev/shaper/drain"
 )
 
 // retryOnce reports whether a failed reservation is tried once more before
@@ -18,8 +20,9 @@ import (
 // The retry dials afresh and so reaches the new master. Falling back on
 // such an error alone would put this replica's fallback rate on top of the
 // limit the other replicas still share (docs/scaling.md, "What happens
-// when…"). A refused connection or an error reply is not retried: the
-// server is down, or answered.
+// when…"). An error reply is not retried: the server answered. A refused
+// connection is not retried here: the server is down, or restarting, which
+// awaitRestart waits for.
 //
 // The retry is given retryTimeouts × redis.timeout: a manual CLUSTER
 // FAILOVER pauses the old master's clients until its replica has caught up
@@ -52,4 +55,53 @@ func callTimeout(ctx context.Context, timeout time.Duration) time.Duration {
 		return retryTimeouts * timeout
 	}
 	return timeout
+}
+
+// refused reports whether err is a connection the server refused: nothing
+// listens on its port (down, or restarting).
+func refused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+
+// restartWait is how long a reservation refused after an answer keeps
+// dialling before Reserve gives up (the lane falls back), and
+// restartRedial how often it dials (not more often: go-redis's pool stops
+// dialling after PoolSize dial errors in a row, 10 × GOMAXPROCS by default,
+// and then tries once a second in the background, so a tight loop would
+// delay the return from an outage by up to a second; 6 redials stay under
+// the 10 of a 1-CPU process). A redis-server restarted on its
+// dump refused connections for 46–66 ms here (field case C33). Falling
+// back at the first refusal put one replica's fallback rate (limit /
+// replicas_hint) on top of the limit the others still shared, because
+// only the replica whose call fell in those milliseconds saw the outage:
+// 28–30 departures in a 1 s window of a 20/s lane over two replicas
+// (TestCase_C33_RedisFailoverScriptCacheClockLeases). It is the broken
+// connection's retry budget at the default timeout (retryTimeouts ×
+// config.DefaultRedisTimeout): an outage longer than that costs this
+// replica one gap of restartWait, once, before it falls back; while it
+// paces locally its probes are not held (LaneSlots.down).
+const (
+	restartWait   = 300 * time.Millisecond
+	restartRedial = 50 * time.Millisecond
+)
+
+// awaitRestart reserves again every restartRedial while the connection is
+// refused, for up to restartWait, and returns the last result; s.mu is
+// held (the departure loop waits: a gap, never a burst).
+func (s *LaneSlots) awaitRestart(ctx context.Context, r drain.SlotRequest) (lease, error) {
+	deadline := time.Now().Add(restartWait)
+	for {
+		t := time.NewTimer(restartRedial)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return lease{}, ctx.Err()
+		case <-t.C:
+		}
+		next, err := s.reserve(ctx, r)
+		if err == nil || !refused(err) || !time.Now().Before(deadline) {
+			if err != nil && ctx.Err() == nil && retryOnce(err) {
+				next, err = s.reserve(asRetry(ctx), r) // accepted, then broken: as in Reserve
+			}
+			return next, err
+		}
+	}
 }

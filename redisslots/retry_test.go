@@ -109,3 +109,58 @@ func TestReserveWaitsOutAFailoverPause(t *testing.T) {
 	}
 	t.Logf("slot after %v", took)
 }
+
+// TestReserveWaitsOutARestart: a redis-server restarted on its port refuses
+// connections for tens of ms (46–66 ms in field case C33). A reservation
+// that meets that after an answer dials again every restartRedial and gets
+// its slot, instead of falling back while the other replicas, whose calls
+// fell outside those milliseconds, go on sharing the full limit. A server
+// that stays down fails the reservation after restartWait, once: the next
+// ones (the lane's probes while it paces locally) fail at once, until
+// Redis answers again.
+func TestReserveWaitsOutARestart(t *testing.T) {
+	r := startRedis(t)
+	lane := newSlots(t, r.Addr).Lane("restart") // timeout 50 ms
+	ctx := context.Background()
+	req := slotReq(20 * time.Millisecond)
+	if _, err := lane.Reserve(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	const down = 80 * time.Millisecond
+	r.Kill()
+	go func() {
+		time.Sleep(down)
+		r.Start()
+	}()
+	start := time.Now()
+	_, err := lane.Reserve(ctx, req)
+	took := time.Since(start)
+	t.Logf("across a restart: %v, %v", took, err)
+	if err != nil {
+		t.Fatalf("Reserve across a restart of %v: %v; want a slot", down, err)
+	}
+	if took < down/2 {
+		t.Errorf("Reserve returned after %v, before the server was back (%v)", took, down)
+	}
+
+	time.Sleep(down) // the restart above is done
+	r.Kill()
+	start = time.Now()
+	_, err = lane.Reserve(ctx, req)
+	took = time.Since(start)
+	t.Logf("down: %v, %v", took, err)
+	if err == nil || took < restartWait || took > restartWait+time.Second {
+		t.Errorf("Reserve with the server down: %v after %v; want an error after restartWait (%v)", err, took, restartWait)
+	}
+	start = time.Now()
+	_, err = lane.Reserve(ctx, req)
+	took = time.Since(start)
+	t.Logf("still down: %v, %v", took, err)
+	if err == nil || took > restartWait/3 {
+		t.Errorf("a probe while down: %v after %v; want an error at once (the lane paces locally)", err, took)
+	}
+	r.Start()
+	if _, err := lane.Reserve(ctx, req); err != nil {
+		t.Fatalf("Reserve once the server is back: %v", err)
+	}
+}
