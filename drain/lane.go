@@ -250,12 +250,16 @@ var ErrRestartNeeded = errors.New("drain: this change needs a lane restart")
 // nak'd or redelivered. A smaller capacity only limits new admissions. It
 // returns ErrRestartNeeded, changing nothing, when the source (stream,
 // subjects, consumer, ack_wait, max_ack_pending), the overflow mode, the
-// dead-letter subject, sink.dedup_window or bucket.fair_key changed. The sink is swapped separately (SetSink).
+// dead-letter subject, sink.kind, sink.dedup_window or bucket.fair_key
+// changed. The sink is swapped separately (SetSink), for one of the same
+// kind: whether it reports and gates its writes (WireReporter, WireGater)
+// is read once, by New.
 func (l *Lane) Update(cfg config.Lane) error {
 	old := l.conf()
 	if !sameSource(old.Source, cfg.Source) || old.Bucket.Overflow != cfg.Bucket.Overflow ||
 		old.DeadLetter != cfg.DeadLetter || old.Rate.Global != cfg.Rate.Global ||
 		old.Sink.DedupWindow != cfg.Sink.DedupWindow || // the store is the lane's (WithDedup)
+		old.Sink.Kind != cfg.Sink.Kind || // whether it reports and gates its writes is the lane's (New)
 		old.Bucket.FairKey != cfg.Bucket.FairKey { // the bucket's queues are per key
 		return ErrRestartNeeded
 	}

@@ -926,5 +926,17 @@ func TestLaneUpdateInPlace(t *testing.T) {
 		if err := h.lane.Update(changed); !errors.Is(err, ErrRestartNeeded) {
 			t.Errorf("changing bucket.fair_key: %v, want ErrRestartNeeded", err)
 		}
+		// Whether the sink reports and gates its writes is read once, by
+		// New (WireReporter, WireGater): an HTTP lane turned into a NATS one
+		// in place kept releasing tasks a lead early, to a sink that does
+		// not hold them (found by review).
+		changed = next
+		changed.Sink.Kind = config.SinkNATS
+		if next.Sink.Kind == changed.Sink.Kind {
+			changed.Sink.Kind = config.SinkHTTP
+		}
+		if err := h.lane.Update(changed); !errors.Is(err, ErrRestartNeeded) {
+			t.Errorf("changing sink.kind: %v, want ErrRestartNeeded", err)
+		}
 	})
 }

@@ -296,10 +296,12 @@ type LaneSlots struct {
 	droppedLate time.Duration
 	onDrop      func(n int) // OnDrop's; nil until set
 
-	// down: the last reservation failed, Redis being unreachable (the
-	// lane paces locally); a refused connection then fails at once
-	// (awaitRestart waits only for the first).
-	down bool
+	// answered: Redis answered this lane at least once; down: the last
+	// call failed, Redis being unreachable (the lane paces locally), until
+	// a reservation or a Probe is answered. While down, a reservation is
+	// not retried (retryOnce) and a refused one is not waited for
+	// (awaitRestart): the lane's probes must not hold its local pace.
+	answered, down bool
 
 	calls atomic.Int64 // round trips (script runs), for benchmarks
 	// remaining is the shared quota's remainder at the last answer that
@@ -440,9 +442,9 @@ func leaseSize(interval time.Duration) int {
 // locally. A call that times out, or whose connection broke, is tried once
 // more, with retryTimeouts × the timeout, before Reserve gives up
 // (retryOnce), so Reserve returns within about seven times the timeout. A
-// refused connection after an answer is dialled again for up to
-// restartWait (awaitRestart: a restarting server); while the lane paces
-// locally, at once. When the
+// refused connection after an answer is waited for up to restartWait
+// (awaitRestart: a restarting server). While the last call failed (the
+// lane paces locally) neither is done: a failure returns at once. When the
 // shared quota is spent the error is a *drain.QuotaWait with the local
 // instant at which the oldest counted slot leaves the window: no slot was
 // taken, ask again then. A lease is cut short where the quota would be
@@ -466,7 +468,7 @@ func (s *LaneSlots) Reserve(ctx context.Context, r drain.SlotRequest) (time.Time
 		return s.handOut(ctx, r), nil
 	}
 	next, err := s.reserve(ctx, r)
-	if err != nil && ctx.Err() == nil && retryOnce(err) { // retry.go
+	if err != nil && ctx.Err() == nil && retryOnce(err) && !s.down { // retry.go
 		// One late answer (a stall of this process or of Redis), or a
 		// connection a failover broke, is not an outage: falling back while
 		// the other replicas still reach Redis would add this replica's
@@ -474,15 +476,11 @@ func (s *LaneSlots) Reserve(ctx context.Context, r drain.SlotRequest) (time.Time
 		// (retryTimeouts: a failover's pause of the old master's clients).
 		next, err = s.reserve(asRetry(ctx), r)
 	}
-	if err != nil && ctx.Err() == nil && refused(err) && !s.down {
+	if err != nil && ctx.Err() == nil && refused(err) && s.answered && !s.down {
 		// Redis restarting: refused for tens of ms (retry.go).
-		next, err = s.awaitRestart(ctx, r)
+		next, err = s.awaitRestart(ctx, r, err)
 	}
-	if _, spent := errors.AsType[*drain.QuotaWait](err); err != nil && !spent {
-		s.down = true
-	} else {
-		s.down = false
-	}
+	s.setDown(ctx, err)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -821,6 +819,7 @@ func (s *LaneSlots) Probe(ctx context.Context) error {
 	if s.sync.set { // the first lease anchors on samples of its own (reserve)
 		s.sync.observe(t0, t1, reply[1])
 	}
+	s.answered, s.down = true, false
 	s.mu.Unlock()
 	return nil
 }

@@ -61,47 +61,78 @@ func callTimeout(ctx context.Context, timeout time.Duration) time.Duration {
 // listens on its port (down, or restarting).
 func refused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
 
-// restartWait is how long a reservation refused after an answer keeps
-// dialling before Reserve gives up (the lane falls back), and
-// restartRedial how often it dials (not more often: go-redis's pool stops
-// dialling after PoolSize dial errors in a row, 10 × GOMAXPROCS by default,
-// and then tries once a second in the background, so a tight loop would
-// delay the return from an outage by up to a second; 6 redials stay under
-// the 10 of a 1-CPU process). A redis-server restarted on its
-// dump refused connections for 46–66 ms here (field case C33). Falling
-// back at the first refusal put one replica's fallback rate (limit /
-// replicas_hint) on top of the limit the others still shared, because
-// only the replica whose call fell in those milliseconds saw the outage:
-// 28–30 departures in a 1 s window of a 20/s lane over two replicas
-// (TestCase_C33_RedisFailoverScriptCacheClockLeases). It is the broken
-// connection's retry budget at the default timeout (retryTimeouts ×
+// restartWait is how long a reservation refused after an answer waits for
+// the server to listen again before Reserve gives up (the lane falls
+// back), and restartRedial how often it tries its port. A redis-server
+// restarted on its dump refused connections for 46–66 ms here (field case
+// C33). Falling back at the first refusal put one replica's fallback rate
+// (limit / replicas_hint) on top of the limit the others still shared,
+// because only the replica whose call fell in those milliseconds saw the
+// outage: 28–30 departures in a 1 s window of a 20/s lane over two
+// replicas (TestCase_C33_RedisFailoverScriptCacheClockLeases). It is the
+// broken connection's retry budget at the default timeout (retryTimeouts ×
 // config.DefaultRedisTimeout): an outage longer than that costs this
-// replica one gap of restartWait, once, before it falls back; while it
-// paces locally its probes are not held (LaneSlots.down).
+// replica one gap of restartWait, once, before it falls back.
 const (
 	restartWait   = 300 * time.Millisecond
 	restartRedial = 50 * time.Millisecond
 )
 
-// awaitRestart reserves again every restartRedial while the connection is
-// refused, for up to restartWait, and returns the last result; s.mu is
-// held (the departure loop waits: a gap, never a burst).
-func (s *LaneSlots) awaitRestart(ctx context.Context, r drain.SlotRequest) (lease, error) {
+// awaitRestart waits, for up to restartWait, until the address that
+// refused the call (err's) accepts a connection again, then reserves; it
+// returns err when the server did not come back. It tries the port with
+// its own dialer, not go-redis's: the pool counts every failed dial
+// towards a breaker (PoolSize failures, 10 × GOMAXPROCS by default, after
+// which it stops dialling and tries once a second in the background, and
+// only that resets the count), so redials through it would trip the
+// breaker over a few restarts, and the return from the next outage would
+// wait up to a second. s.mu is held, and released while it sleeps (as
+// adoptAhead does): a Pause or Shift of a task does not wait for it. The
+// departure loop waits: a gap, never a burst.
+func (s *LaneSlots) awaitRestart(ctx context.Context, r drain.SlotRequest, err error) (lease, error) {
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Addr == nil {
+		return lease{}, err
+	}
+	addr := oe.Addr.String()
 	deadline := time.Now().Add(restartWait)
-	for {
+	d := net.Dialer{Timeout: restartRedial}
+	for time.Now().Before(deadline) {
+		s.mu.Unlock()
 		t := time.NewTimer(restartRedial)
+		var c net.Conn
+		var derr error
 		select {
 		case <-ctx.Done():
-			t.Stop()
-			return lease{}, ctx.Err()
+			derr = ctx.Err()
 		case <-t.C:
+			c, derr = d.DialContext(ctx, "tcp", addr)
 		}
-		next, err := s.reserve(ctx, r)
-		if err == nil || !refused(err) || !time.Now().Before(deadline) {
-			if err != nil && ctx.Err() == nil && retryOnce(err) {
-				next, err = s.reserve(asRetry(ctx), r) // accepted, then broken: as in Reserve
-			}
-			return next, err
+		t.Stop()
+		s.mu.Lock()
+		if ctx.Err() != nil {
+			return lease{}, ctx.Err()
 		}
+		if derr != nil {
+			continue
+		}
+		_ = c.Close()
+		next, rerr := s.reserve(ctx, r)
+		if rerr != nil && ctx.Err() == nil && retryOnce(rerr) {
+			next, rerr = s.reserve(asRetry(ctx), r) // accepted, then broken: as in Reserve
+		}
+		return next, rerr
+	}
+	return lease{}, err
+}
+
+// setDown records the outcome of a reservation (LaneSlots.down); s.mu is
+// held. An answer (a lease, or the shared quota spent) clears it; a failure
+// sets it, but not the end of ctx (a drain), which says nothing of Redis.
+func (s *LaneSlots) setDown(ctx context.Context, err error) {
+	if _, spent := errors.AsType[*drain.QuotaWait](err); err == nil || spent {
+		s.answered, s.down = true, false
+	} else if ctx.Err() == nil {
+		s.down = true
 	}
 }

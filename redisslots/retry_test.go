@@ -117,7 +117,11 @@ func TestReserveWaitsOutAFailoverPause(t *testing.T) {
 // fell outside those milliseconds, go on sharing the full limit. A server
 // that stays down fails the reservation after restartWait, once: the next
 // ones (the lane's probes while it paces locally) fail at once, until
-// Redis answers again.
+// Redis answers again; so does a lane's first reservation. The waits dial
+// the port with a dialer of their own: go-redis's pool counts failed dials
+// towards a breaker of 10 × GOMAXPROCS that only its own background dialler
+// resets, so the test must also pass with -cpu 1 (scripts/test.sh runs it
+// so).
 func TestReserveWaitsOutARestart(t *testing.T) {
 	r := startRedis(t)
 	lane := newSlots(t, r.Addr).Lane("restart") // timeout 50 ms
@@ -126,20 +130,28 @@ func TestReserveWaitsOutARestart(t *testing.T) {
 	if _, err := lane.Reserve(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	const down = 80 * time.Millisecond
+	const down = 50 * time.Millisecond
 	r.Kill()
+	killed := time.Now()
+	back := make(chan time.Duration, 1)
 	go func() {
 		time.Sleep(down)
-		r.Start()
+		r.Start() // returns once it answers PING
+		back <- time.Since(killed)
 	}()
 	start := time.Now()
 	_, err := lane.Reserve(ctx, req)
 	took := time.Since(start)
-	t.Logf("across a restart: %v, %v", took, err)
-	if err != nil {
-		t.Fatalf("Reserve across a restart of %v: %v; want a slot", down, err)
-	}
-	if took < down/2 {
+	outage := <-back
+	t.Logf("across a restart (the server answered again %v after the kill): %v, %v", outage, took, err)
+	switch {
+	case outage > restartWait-restartRedial:
+		// A machine too busy to start redis-server within the wait: the
+		// lane rightly falls back; nothing to judge.
+		t.Logf("the restart took longer than the wait (%v): not judged", restartWait)
+	case err != nil:
+		t.Fatalf("Reserve across a restart of %v: %v; want a slot", outage, err)
+	case took < down/2:
 		t.Errorf("Reserve returned after %v, before the server was back (%v)", took, down)
 	}
 
@@ -162,5 +174,16 @@ func TestReserveWaitsOutARestart(t *testing.T) {
 	r.Start()
 	if _, err := lane.Reserve(ctx, req); err != nil {
 		t.Fatalf("Reserve once the server is back: %v", err)
+	}
+
+	// A lane that Redis never answered is not waiting for a restart: at
+	// start with Redis down it falls back at once.
+	fresh := newSlots(t, r.Addr).Lane("fresh")
+	r.Kill()
+	start = time.Now()
+	_, err = fresh.Reserve(ctx, req)
+	took = time.Since(start)
+	if err == nil || took > restartWait/3 {
+		t.Errorf("a first reservation with the server down: %v after %v; want an error at once", err, took)
 	}
 }

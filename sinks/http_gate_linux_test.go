@@ -41,13 +41,17 @@ func gatedSend(t *testing.T, s *sinks.HTTP, m *shaper.Message) (opened time.Time
 // departure, drain/gate.go). Over HTTP/1.1 the gate is in the connection's
 // Write: the downstream process's kernel stamp of each request (its first
 // byte) is after the gate's return, on a new connection and on reused
-// ones. Over HTTP/2 it is in GotConn, before the stream's headers: the
+// ones, and for a request that first waited for an OAuth2 token. Over
+// HTTP/2 it is in GotConn, before the stream's headers: the
 // handler runs after the gate's return. The gate is called once per
 // request. Through a caller's client the sink makes no such promise.
 func TestHTTPGatesTheWrite(t *testing.T) {
-	t.Run("HTTP/1.1", func(t *testing.T) {
+	// overHTTP1 sends 4 requests through a sink on cfg (its URL set to a
+	// stamped downstream process's) and checks each kernel stamp.
+	overHTTP1 := func(t *testing.T, cfg sinks.HTTPConfig) {
 		down := startStampedHTTPProcess(t)
-		s := newHTTP(t, sinks.HTTPConfig{URL: down.URL()})
+		cfg.URL = down.URL()
+		s := newHTTP(t, cfg)
 		if !s.GatesWire() {
 			t.Fatal("GatesWire false on the sink's own transport")
 		}
@@ -80,6 +84,13 @@ func TestHTTPGatesTheWrite(t *testing.T) {
 				t.Errorf("request %s reached the downstream %v before its gate returned", a.key, at.Sub(a.at))
 			}
 		}
+	}
+	t.Run("HTTP/1.1", func(t *testing.T) { overHTTP1(t, sinks.HTTPConfig{}) })
+	// The first request waits for a token with no trace (the wire is
+	// reported at once, so that the token does not hold the lane): the
+	// gate must hold it all the same.
+	t.Run("HTTP/1.1, waiting for an OAuth2 token", func(t *testing.T) {
+		overHTTP1(t, sinks.HTTPConfig{Auth: oauthConfig(newTokenServer(t, time.Hour))})
 	})
 	t.Run("HTTP/2", func(t *testing.T) {
 		var mu sync.Mutex

@@ -87,7 +87,7 @@ func (d *Daemon) updateLane(ctx context.Context, name string, rec *laneRec, lc c
 	if errors.Is(err, drain.ErrRestartNeeded) {
 		// The replacement must not fetch before the old lane handed its
 		// messages back: drain first, then start the new one.
-		d.log.Info("reload: lane restarts (source, overflow or dead-letter changed)", "lane", name)
+		d.log.Info("reload: lane restarts (source, overflow, dead letter, sink kind or another key it cannot change in place)", "lane", name)
 		dctx, cancel := context.WithTimeout(ctx, drainTimeout)
 		rec.lane.Drain(dctx)
 		cancel()
