@@ -50,12 +50,13 @@ func (s *gatingSink) Send(ctx context.Context, m *shaper.Message) error {
 // runPreciseLane runs a lane at limit (no warmup, the precise waiter)
 // over n in-memory messages into sink until they are acked (or 20 s), and
 // drains it; it returns the lane for its counters.
-func runPreciseLane(t *testing.T, sink Sink, limit float64, n int) *Lane {
+func runPreciseLane(t *testing.T, sink Sink, limit float64, n int, opts ...Option) *Lane {
 	t.Helper()
 	cfg := laneConfig(limit)
 	cfg.Rate.Warmup = config.Warmup{ColdFactor: 1}
 	src := sourcetest.NewMem(cfg.Source.AckWait)
-	l, err := New("test", cfg, src, sink, WithWaiter(NewPreciseWaiter()), WithMetrics(metrics.New(prometheus.NewRegistry()).Lane("test", limit)))
+	opts = append([]Option{WithWaiter(NewPreciseWaiter()), WithMetrics(metrics.New(prometheus.NewRegistry()).Lane("test", limit))}, opts...)
+	l, err := New("test", cfg, src, sink, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,9 +75,9 @@ func runPreciseLane(t *testing.T, sink Sink, limit float64, n int) *Lane {
 
 // runGatingLane sends n messages through a lane at limit into s and
 // returns what s recorded, in departure order.
-func runGatingLane(t *testing.T, s *gatingSink, limit float64, n int) []gateCall {
+func runGatingLane(t *testing.T, s *gatingSink, limit float64, n int, opts ...Option) []gateCall {
 	t.Helper()
-	runPreciseLane(t, s, limit, n)
+	runPreciseLane(t, s, limit, n, opts...)
 	s.mu.Lock()
 	calls := slices.Clone(s.calls)
 	s.mu.Unlock()
@@ -93,7 +94,7 @@ func runGatingLane(t *testing.T, s *gatingSink, limit float64, n int) []gateCall
 // never before: so nothing reaches the downstream before its departure, and
 // the departures keep SPEC G1's spacing as the pacer set it. A sink that does
 // not gate gets no gate and no task before its departure; nor does a lane at
-// 1,000/s or less.
+// 1,000/s or less, nor a lane on the shared schedule (rate.global).
 func TestLaneGatesWritesALeadEarly(t *testing.T) {
 	const limit, n = 4000.0, 2000
 	iv := shaper.Limit(limit).Interval()
@@ -129,11 +130,14 @@ func TestLaneGatesWritesALeadEarly(t *testing.T) {
 		name  string
 		sink  *gatingSink
 		limit float64
+		opts  []Option
 	}{
-		{"a sink that does not gate", &gatingSink{}, limit},
-		{"at 1,000/s", &gatingSink{gates: true}, 1000},
+		{"a sink that does not gate", &gatingSink{}, limit, nil},
+		{"at 1,000/s", &gatingSink{gates: true}, 1000, nil},
+		// A slot of the shared schedule is used when the departure leaves.
+		{"a global lane", &gatingSink{gates: true}, limit, []Option{WithGlobal(&fakeSchedule{}, 1)}},
 	} {
-		calls := runGatingLane(t, tc.sink, tc.limit, 300)
+		calls := runGatingLane(t, tc.sink, tc.limit, 300, tc.opts...)
 		for i, c := range calls {
 			if c.called.Before(c.departed) {
 				t.Fatalf("%s: send %d called %v before its departure", tc.name, i, c.departed.Sub(c.called))
