@@ -197,10 +197,12 @@ func (l *Lane) awaitDepartureTime(ctx context.Context, since time.Time) (ready, 
 func (l *Lane) departureAt(now time.Time) (at time.Time, lead time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.gatesWire {
-		if rate := l.pacer.Rate(now); rate > 0 {
-			lead = l.gateLead(shaper.Limit(rate).Interval())
-		}
+	var rate float64 // read once, for the lead and the wire hold
+	if l.gatesWire || l.unwired != nil {
+		rate = l.pacer.Rate(now)
+	}
+	if l.gatesWire && rate > 0 {
+		lead = gateLead(shaper.Limit(rate).Interval())
 	}
 	at = l.pacer.Next(now)
 	if until, held := l.holdUntil(now); held && until.After(at) {
@@ -210,7 +212,7 @@ func (l *Lane) departureAt(now time.Time) (at time.Time, lead time.Duration) {
 		at = until // rate.quota (quota.go)
 	}
 	if l.unwired != nil {
-		if rate := l.pacer.Rate(now); rate > 0 {
+		if rate > 0 {
 			bound := max(maxWireWait, shaper.Limit(rate).Interval())
 			if w := l.departedAt.Add(bound); w.After(at) {
 				at = w

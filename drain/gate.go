@@ -43,14 +43,13 @@ const gateLeadMax = 150 * time.Microsecond
 const gateLeadShare = 0.75
 
 // gateLead is how long before its departure instant the loop releases a
-// departure at the interval iv: 0 when the sink does not gate its writes
-// (WireGater), on the shared schedule (rate.global: a slot is used when
-// the departure leaves), off the real clock (synctest's TimerWaiter: no
-// precise gate), and up to SpacingMaxRate, where the spacing floor is
-// anchored at the wire by each report and the path is a small share of
-// the interval.
-func (l *Lane) gateLead(iv time.Duration) time.Duration {
-	if !l.gatesWire || l.global != nil || iv <= 0 || iv >= time.Second/shaper.SpacingMaxRate {
+// departure at the interval iv, for a lane whose writes are gated
+// (Lane.gatesWire: not on the shared schedule, where a slot is used when
+// the departure leaves, nor off the real clock): 0 up to SpacingMaxRate,
+// where the spacing floor is anchored at the wire by each report and the
+// path is a small share of the interval.
+func gateLead(iv time.Duration) time.Duration {
+	if iv <= 0 || iv >= time.Second/shaper.SpacingMaxRate {
 		return 0
 	}
 	return min(time.Duration(gateLeadShare*float64(iv)), gateLeadMax)

@@ -89,8 +89,9 @@ type Lane struct {
 	departedAt  time.Time
 	reportsWire bool
 	// gatesWire: the sink holds each request's write until its departure
-	// instant (WireGater), and the lane's waiter is on the real clock: the
-	// departure loop may release tasks a lead early (gate.go).
+	// instant (WireGater), the lane's waiter is on the real clock and the
+	// lane is not on the shared schedule: the departure loop may release
+	// tasks a lead early (gate.go).
 	gatesWire bool
 	gate      writeGate     // the departure instants' gate (gate.go)
 	wake      chan struct{} // pacer changed (pause)
@@ -181,7 +182,7 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 		l.reportsWire = true // a replacement sink is of the same kind (Update)
 		_, onClock := realClock(l.waiter)
 		g, gates := sink.(WireGater)
-		l.gatesWire = onClock && gates && g.GatesWire()
+		l.gatesWire = onClock && gates && g.GatesWire() && l.global == nil // a global slot is used when it leaves
 	}
 	l.setAdaptive(cfg)
 	l.pacer = shaper.NewPacer(l.pacerConfigNow(cfg, time.Now()), time.Now())

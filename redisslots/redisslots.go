@@ -467,15 +467,7 @@ func (s *LaneSlots) Reserve(ctx context.Context, r drain.SlotRequest) (time.Time
 	if s.lease.next < s.lease.n {
 		return s.handOut(ctx, r), nil
 	}
-	next, err := s.reserve(ctx, r)
-	if err != nil && ctx.Err() == nil && retryOnce(err) && !s.down { // retry.go
-		// One late answer (a stall of this process or of Redis), or a
-		// connection a failover broke, is not an outage: falling back while
-		// the other replicas still reach Redis would add this replica's
-		// fallback rate on top of the limit. It gets a longer deadline
-		// (retryTimeouts: a failover's pause of the old master's clients).
-		next, err = s.reserve(asRetry(ctx), r)
-	}
+	next, err := s.reserveRetrying(ctx, r)
 	if err != nil && ctx.Err() == nil && refused(err) && s.answered && !s.down {
 		// Redis restarting: refused for tens of ms (retry.go).
 		next, err = s.awaitRestart(ctx, r, err)
@@ -655,6 +647,22 @@ func (s *LaneSlots) reserve(ctx context.Context, r drain.SlotRequest) (lease, er
 	call := s.prepareReserve(r)
 	call.reply, call.res, call.t0, call.t1, call.err = s.runAll(ctx, "reserve", call.args...)
 	return s.finishReserve(call)
+}
+
+// reserveRetrying reserves, and tries once more (retryOnce, retry.go) when
+// the call timed out or its connection broke, unless the last call failed
+// (s.down: the lane paces locally, and its probes must not hold it). One
+// late answer (a stall of this process or of Redis), or a connection a
+// failover broke, is not an outage: falling back while the other replicas
+// still reach Redis would add this replica's fallback rate on top of the
+// limit. The retry gets a longer deadline (retryTimeouts: a failover's
+// pause of the old master's clients). s.mu is held.
+func (s *LaneSlots) reserveRetrying(ctx context.Context, r drain.SlotRequest) (lease, error) {
+	next, err := s.reserve(ctx, r)
+	if err != nil && ctx.Err() == nil && retryOnce(err) && !s.down {
+		next, err = s.reserve(asRetry(ctx), r)
+	}
+	return next, err
 }
 
 // prepareReserve makes the arguments of a reservation under r, and takes

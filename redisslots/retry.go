@@ -117,11 +117,7 @@ func (s *LaneSlots) awaitRestart(ctx context.Context, r drain.SlotRequest, err e
 			continue
 		}
 		_ = c.Close()
-		next, rerr := s.reserve(ctx, r)
-		if rerr != nil && ctx.Err() == nil && retryOnce(rerr) {
-			next, rerr = s.reserve(asRetry(ctx), r) // accepted, then broken: as in Reserve
-		}
-		return next, rerr
+		return s.reserveRetrying(ctx, r) // accepted, then broken: as in Reserve
 	}
 	return lease{}, err
 }
