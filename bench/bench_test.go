@@ -81,7 +81,7 @@ func TestBenchQuick(t *testing.T) {
 }
 
 // TestBenchSectionHTTP runs `go run ./bench -section http -quick`: every
-// request of both senders reaches the downstream process (exit code 0) and
+// request of every sender reaches the downstream process (exit code 0) and
 // the section's table and headline are printed.
 func TestBenchSectionHTTP(t *testing.T) {
 	if testing.Short() {
@@ -92,7 +92,8 @@ func TestBenchSectionHTTP(t *testing.T) {
 		t.Fatalf("bench -section http exited %d:\n%s", code, stderr.String())
 	}
 	for _, want := range []string{"## 11. HTTP sink at 5,000/s", "| shaper lane, HTTP sink ", "| bare net/http loop ",
-		"| shaper lane, no-op sink ", "- HTTP sink at 5,000/s to a downstream process"} {
+		"| floor: raw writes, evenly paced ", "The floor row's own account",
+		"| shaper lane, no-op sink ", "- HTTP sink at 5,000/s to a downstream process", "The floor row (no client, no lane"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("section lacks %q:\n%s", want, stdout.String())
 		}

@@ -90,8 +90,9 @@ type httpRow struct {
 	// forgivenLate and forgivenWire are what the lane's schedule gave up
 	// (shaper_departure_lateness_forgiven_seconds_total, cause late, wire).
 	forgivenLate, forgivenWire time.Duration
-	conns                      int // TCP connections the downstream accepted
-	unstamped                  int // requests the kernel gave no stamp (stamped at the read)
+	floor                      *floorAccount // the floor row's (runFloorHTTP)
+	conns                      int           // TCP connections the downstream accepted
+	unstamped                  int           // requests the kernel gave no stamp (stamped at the read)
 	downCPU                    time.Duration
 	load                       float64
 	err                        error
@@ -110,9 +111,13 @@ func httpContenders() []struct {
 		{"shaper lane, HTTP sink", "lane-http", "drain.New (defaults: capacity 1000, max_in_flight 8, min_spacing 0.95, the precise waiter) on an in-memory source (bench/diag.go memSource: no NATS, its cost is excluded) with sinks.NewHTTP as the daemon builds it (sink.url, a Content-Type header, WithMaxIdleConnsPerHost(64)); 256-byte bodies", runLaneHTTP},
 		{"bare net/http loop", "bare", "8 goroutines sharing rate.NewLimiter(5000, 8) (burst 1 tops out near 1,840/s here, NOTES.md); each Wait, then http.Client.Do of a POST with the same body, Content-Type and Idempotency-Key, body drained and closed; http.Transport with MaxIdleConnsPerHost 8 (keep-alive)", runBareHTTP},
 		{"bare net/http, evenly paced", "paced", "the bare loop's client and requests, released evenly instead: one goroutine on drain.NewPreciseWaiter to absolute instants one interval apart (lag above 0.9 interval forgiven) hands each request to one of 8 workers; what pacing one request at a time costs net/http and the kernel, without the lane", runPacedHTTP},
+		{httpFloorName, "floor", "no HTTP client and no lane: pre-built HTTP/1.1 requests (the same head fields and body) written whole to 8 keep-alive connections, one at a time, on drain.NewPreciseWaiter at instants one interval apart, each no earlier than the previous write's return (the most a G1 sender may make up, one interval); what the machine takes from a sending process that does nothing else (bench/httpfloor.go)", runFloorHTTP},
 		{"shaper lane, no-op sink", "lane-noop", "the same lane with a sink that returns at once (no HTTP, no wire report): the lane's own share of the first row; no downstream, so its rate is from the Sends' instants and it has no windows", nil},
 	}
 }
+
+// httpFloorName is the floor row's name (bench/httpfloor.go).
+const httpFloorName = "floor: raw writes, evenly paced"
 
 // meterResult is what a meter measured over one run.
 type meterResult struct {
@@ -929,9 +934,20 @@ func (r *Results) httpMarkdown() string {
 				lane.forgivenWire.Seconds()*httpRate, httpRate*float64(lane.n-1)/lane.achieved+1-float64(lane.n))
 		}
 	}
+	if f, ok := r.httpOf(httpFloorName); ok && f.floor != nil && f.achieved > 0 {
+		a := f.floor
+		w("The floor row's own account: %d writes returned after the next instant and moved its schedule, by\n", a.moves)
+		w("%.1f ms in all: %.1f ms where the waiter returned late, %.1f ms where every connection still waited\n",
+			(a.wake+a.conn+a.write).Seconds()*1e3, a.wake.Seconds()*1e3, a.conn.Seconds()*1e3)
+		w("for its answer, %.1f ms where the write took long (each move counted under its largest part), against\n", a.write.Seconds()*1e3)
+		w("%.0f requests fewer than the limit over the run. It has no client, no lane and one write a request, so\n",
+			httpRate*float64(f.n-1)/f.achieved+1-float64(f.n))
+		w("what it loses is what the machine took from the process's threads, with nothing of a client or a lane\n")
+		w("in it: the lane's row is read against it (docs/performance.md, session 31).\n\n")
+	}
 	w("Where the lane is behind, docs/performance.md says why, from a profile (`go run ./bench -section http\n")
 	w("-cpuprofile FILE`, then `go tool pprof -tagfocus sender=lane-http -top FILE`; the labels are lane-http, bare,\n")
-	w("paced and lane-noop, in the order of the rows).\n\n")
+	w("paced, floor and lane-noop, in the order of the rows).\n\n")
 	return b.String()
 }
 
@@ -961,7 +977,15 @@ func (r *Results) httpHeadlines() []string {
 	if p, ok := r.httpOf("bare net/http, evenly paced"); ok && p.cpuPerReq > 0 {
 		paced = fmt.Sprintf(", and %.2f × the %s µs of the same client paced evenly (%s/s)", float64(lane.cpuPerReq)/float64(p.cpuPerReq), fmtUs(p.cpuPerReq), fmtRate(p.achieved))
 	}
-	return []string{fmt.Sprintf("HTTP sink at %s/s to a downstream process: the lane delivered %s/s at the downstream's kernel stamps (%s %%: %s ±%.1f %%), %s; CPU %s µs per request against %s µs for a bare net/http loop at the same rate (%s/s, %s %%): %.2f ×%s; %d connection(s) dialled.",
+	floor := ""
+	if f, ok := r.httpOf(httpFloorName); ok && f.n >= 2 {
+		fv := "within"
+		if math.Abs(f.errPct) > httpMaxErrPct {
+			fv = "OUTSIDE"
+		}
+		floor = fmt.Sprintf(" The floor row (no client, no lane: raw writes on the same waiter) delivered %s/s (%s %%: %s ±%.1f %%).", fmtRate(f.achieved), fmtPct(f.errPct), fv, httpMaxErrPct)
+	}
+	return []string{fmt.Sprintf("HTTP sink at %s/s to a downstream process: the lane delivered %s/s at the downstream's kernel stamps (%s %%: %s ±%.1f %%), %s; CPU %s µs per request against %s µs for a bare net/http loop at the same rate (%s/s, %s %%): %.2f ×%s; %d connection(s) dialled.%s",
 		fmtInt(httpRate), fmtRate(lane.achieved), fmtPct(lane.errPct), verdict, httpMaxErrPct, g1,
-		fmtUs(lane.cpuPerReq), fmtUs(bare.cpuPerReq), fmtRate(bare.achieved), fmtPct(bare.errPct), ratio, paced, lane.conns)}
+		fmtUs(lane.cpuPerReq), fmtUs(bare.cpuPerReq), fmtRate(bare.achieved), fmtPct(bare.errPct), ratio, paced, lane.conns, floor)}
 }
