@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -184,5 +185,51 @@ func TestReserveWaitsOutARestart(t *testing.T) {
 	took = time.Since(start)
 	if err == nil || took > restartWait/3 {
 		t.Errorf("a first reservation with the server down: %v after %v; want an error at once", err, took)
+	}
+}
+
+// TestNoRetryWhileDown: a reservation that timed out is tried once more,
+// with retryTimeouts × the timeout (TestReserveWaitsOutAFailoverPause), but
+// not while the last one failed (LaneSlots.down): the lane then paces
+// locally and its reservations are probes, which must fail within one
+// timeout instead of holding its local pace for seven. Redis here stops
+// answering (CLIENT PAUSE ALL) and comes back: the first reservation fails
+// after both calls, the next within one timeout, and the first after the
+// pause gets its slot.
+func TestNoRetryWhileDown(t *testing.T) {
+	r := startRedis(t)
+	const timeout = 50 * time.Millisecond
+	lane := newSlots(t, r.Addr).Lane("probe") // timeout 50 ms
+	ctx := context.Background()
+	req := slotReq(20 * time.Millisecond)
+	if _, err := lane.Reserve(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	const pause = 1500 * time.Millisecond
+	paused := time.Now()
+	if got := r.Do("CLIENT", "PAUSE", strconv.Itoa(int(pause.Milliseconds())), "ALL"); got != "+OK" {
+		t.Fatalf("CLIENT PAUSE: %q", got)
+	}
+	start := time.Now()
+	_, err := lane.Reserve(ctx, req)
+	first := time.Since(start)
+	if err == nil || first < (1+retryTimeouts)*timeout {
+		t.Fatalf("Reserve while Redis does not answer: %v after %v; want an error after the call and its retry (%v)", err, first, (1+retryTimeouts)*timeout)
+	}
+	for i := range 3 {
+		start = time.Now()
+		_, err = lane.Reserve(ctx, req)
+		took := time.Since(start)
+		t.Logf("probe %d while down: %v, %v", i, took, err)
+		if err == nil {
+			t.Fatalf("probe %d while Redis is paused: a slot", i)
+		}
+		if took >= (1+retryTimeouts)*timeout/2 {
+			t.Errorf("probe %d while down took %v; want one call (timeout %v), not a retry (%v more)", i, took, timeout, retryTimeouts*timeout)
+		}
+	}
+	time.Sleep(time.Until(paused.Add(pause + 100*time.Millisecond)))
+	if _, err := lane.Reserve(ctx, req); err != nil {
+		t.Fatalf("Reserve once Redis answers again: %v", err)
 	}
 }
