@@ -205,7 +205,7 @@ func (c *Cluster) WaitHealthy(nd *Node, timeout time.Duration) {
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(filepath.Join(nd.dir, "server.log"))
-			c.t.Fatalf("nats-server %s not healthy within %s:\n%s", nd.Name, timeout, tail(string(log), 2000))
+			c.t.Fatalf("nats-server %s not healthy within %s; its log but the health checks:\n%s", nd.Name, timeout, tail(withoutHealthChecks(string(log)), 4000))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -220,6 +220,18 @@ func (c *Cluster) NodeByName(name string) *Node {
 		}
 	}
 	return nil
+}
+
+// withoutHealthChecks drops the log lines of WaitHealthy's own probes
+// ("Healthcheck failed"), which fill a log in 30 s and hid its cause.
+func withoutHealthChecks(log string) string {
+	var b strings.Builder
+	for line := range strings.Lines(log) {
+		if !strings.Contains(line, "Healthcheck failed") {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
 }
 
 func tail(s string, n int) string {

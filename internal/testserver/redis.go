@@ -11,6 +11,7 @@ package testserver
 import (
 	"bufio"
 	"bytes"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -35,15 +36,48 @@ func need(t testing.TB, name string) string {
 	return bin
 }
 
-// FreePort returns a loopback port that was free a moment ago.
+// FreePort returns a loopback port that was free a moment ago, for a
+// server the test starts in another process. It is drawn at random below
+// the kernel's ephemeral range (ip_local_port_range), not from it: a port
+// the kernel hands out for a listen on :0 is one it also hands out as the
+// local port of outgoing connections, and the tests' own clients took
+// one between FreePort's close and the server's bind (a 3-node
+// nats-server cluster that never elected a meta leader in a CI run).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	lo := ephemeralLow()
+	for range 200 {
+		port := freePortMin + rand.IntN(lo-freePortMin)
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err == nil {
+			_ = ln.Close()
+			return port
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // a crowded range: the kernel's pick
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// freePortMin is the lowest port FreePort draws: above the well-known and
+// most registered services' ports.
+const freePortMin = 20000
+
+// ephemeralLow is the first port of the kernel's ephemeral range (32768
+// when it cannot be read, Linux's default), and more than freePortMin.
+func ephemeralLow() int {
+	lo := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				lo = v
+			}
+		}
+	}
+	return max(lo, freePortMin+1000)
 }
 
 // Redis is a real redis-server on a free loopback port, without
