@@ -187,6 +187,7 @@ func WithMaxIdleConnsPerHost(n int) Option {
 type HTTP struct {
 	client    *http.Client
 	transport *http.Transport // owned; nil when HTTPConfig.Client was given
+	direct    *direct         // gated HTTP/1.1 requests on the task's goroutine (direct.go); with transport
 	url       *URLTemplate
 	signer    *signer // nil: no signing
 	method    string
@@ -236,6 +237,7 @@ func NewHTTP(cfg HTTPConfig, opts ...Option) (*HTTP, error) {
 		return s, nil
 	}
 	s.transport = newTransport(o.maxIdle)
+	s.direct = newDirect(o.maxIdle)
 	if s.tls != nil {
 		s.transport.TLSClientConfig = s.tls.config()
 		s.tls.transport.Store(s.transport)
@@ -332,13 +334,17 @@ const (
 	reportAtHeaders               // WroteHeaders: HTTP/2
 )
 
-func newWireTrace(wire func(time.Time, bool), gate func()) *httptrace.ClientTrace {
+func newWireTrace(wire func(time.Time, bool), gate func()) *wireTrace {
 	t := &wireTrace{wire: wire, gate: gate}
 	t.trace.GotConn = t.gotConn
 	t.trace.WroteHeaders = t.wroteHeaders
 	t.trace.WroteRequest = t.wroteRequest
-	return &t.trace
+	return t
 }
+
+// directKey carries a gated request's wireTrace to send, which writes the
+// request on the task's goroutine when it can (direct.go).
+type directKey struct{}
 
 // openGate waits at the gate, the first time only (the goroutine that
 // writes the request calls it: one at a time).
@@ -402,6 +408,14 @@ func (s *HTTP) send(req *http.Request) (*http.Response, error) {
 	if s.basic != "" && req.Header.Get(AuthorizationHeader) == "" {
 		req.Header[AuthorizationHeader] = []string{s.basic}
 	}
+	if wt, _ := req.Context().Value(directKey{}).(*wireTrace); wt != nil && wt.gate != nil && s.directs(req) {
+		gate := wt.gate
+		wt.gate = nil
+		// Request.Write calls the trace's WroteHeaders and WroteRequest
+		// while serializing, before the gate: they must not report.
+		wt.how.Store(reportAtWrite)
+		return s.direct.roundTrip(req, gate, wt.wire)
+	}
 	return s.transport.RoundTrip(req)
 }
 
@@ -434,7 +448,11 @@ func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
 	}
 	rctx := ctx
 	if wire := shaper.WireFrom(ctx); wire != nil {
-		rctx = httptrace.WithClientTrace(ctx, newWireTrace(wire, shaper.GateFrom(ctx)))
+		wt := newWireTrace(wire, shaper.GateFrom(ctx))
+		rctx = httptrace.WithClientTrace(ctx, &wt.trace)
+		if wt.gate != nil && s.direct != nil {
+			rctx = context.WithValue(rctx, directKey{}, wt) // send may write it itself (direct.go)
+		}
 	}
 	target, err := s.url.Expand(m)
 	if err != nil { // the message lacks what sink.url references: dead letter invalid
@@ -625,6 +643,9 @@ func (s *HTTP) Close() error {
 		s.stopAuthTLS()
 		if s.transport != nil {
 			s.transport.CloseIdleConnections()
+			if s.direct != nil {
+				s.direct.closeIdle()
+			}
 		}
 	}
 	return nil

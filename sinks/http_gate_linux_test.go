@@ -38,8 +38,10 @@ func gatedSend(t *testing.T, s *sinks.HTTP, m *shaper.Message) (opened time.Time
 // TestHTTPGatesTheWrite: the HTTP sink on its own transport promises that
 // no byte of a request is written before the gate of shaper.WithGate
 // returned (drain.WireGater; the lane releases tasks a lead before their
-// departure, drain/gate.go). Over HTTP/1.1 the gate is in the connection's
-// Write: the downstream process's kernel stamp of each request (its first
+// departure, drain/gate.go). Over plain HTTP/1.1 the task's goroutine waits
+// at the gate and writes the request itself (direct.go); through the
+// transport the gate is in the connection's Write. The downstream process's
+// kernel stamp of each request (its first
 // byte) is after the gate's return, on a new connection and on reused
 // ones, and for a request that first waited for an OAuth2 token. Over
 // HTTP/2 it is in GotConn, before the stream's headers: the
@@ -48,10 +50,13 @@ func gatedSend(t *testing.T, s *sinks.HTTP, m *shaper.Message) (opened time.Time
 func TestHTTPGatesTheWrite(t *testing.T) {
 	// overHTTP1 sends 4 requests through a sink on cfg (its URL set to a
 	// stamped downstream process's) and checks each kernel stamp.
-	overHTTP1 := func(t *testing.T, cfg sinks.HTTPConfig) {
+	overHTTP1 := func(t *testing.T, cfg sinks.HTTPConfig, transport bool) {
 		down := startStampedHTTPProcess(t)
 		cfg.URL = down.URL()
 		s := newHTTP(t, cfg)
+		if transport {
+			sinks.NoDirect(s)
+		}
 		if !s.GatesWire() {
 			t.Fatal("GatesWire false on the sink's own transport")
 		}
@@ -85,12 +90,15 @@ func TestHTTPGatesTheWrite(t *testing.T) {
 			}
 		}
 	}
-	t.Run("HTTP/1.1", func(t *testing.T) { overHTTP1(t, sinks.HTTPConfig{}) })
+	// Plain HTTP/1.1 is written by the task's goroutine (direct.go);
+	// through the transport (TLS, a proxy), the gate is in wireConn.Write.
+	t.Run("HTTP/1.1", func(t *testing.T) { overHTTP1(t, sinks.HTTPConfig{}, false) })
+	t.Run("HTTP/1.1 through the transport", func(t *testing.T) { overHTTP1(t, sinks.HTTPConfig{}, true) })
 	// The first request waits for a token with no trace (the wire is
 	// reported at once, so that the token does not hold the lane): the
 	// gate must hold it all the same.
 	t.Run("HTTP/1.1, waiting for an OAuth2 token", func(t *testing.T) {
-		overHTTP1(t, sinks.HTTPConfig{Auth: oauthConfig(newTokenServer(t, time.Hour))})
+		overHTTP1(t, sinks.HTTPConfig{Auth: oauthConfig(newTokenServer(t, time.Hour))}, false)
 	})
 	t.Run("HTTP/2", func(t *testing.T) {
 		var mu sync.Mutex

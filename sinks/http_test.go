@@ -61,7 +61,14 @@ func send(t *testing.T, s interface {
 }
 
 func TestHTTPConformance(t *testing.T) {
-	sinktest.Run(t, sinktest.Harness{
+	sinktest.Run(t, httpHarness(func(s *sinks.HTTP) sinktest.Sink { return s }))
+}
+
+// httpHarness is the conformance suite's harness for the HTTP sink, each
+// sink passed through wrap (TestHTTPDirectConformance: as a gated lane
+// sends).
+func httpHarness(wrap func(*sinks.HTTP) sinktest.Sink) sinktest.Harness {
+	return sinktest.Harness{
 		NewSink: func(t *testing.T) (sinktest.Sink, func() int) {
 			var n atomic.Int64
 			srv := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -72,7 +79,7 @@ func TestHTTPConformance(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return s, func() int { return int(n.Load()) }
+			return wrap(s), func() int { return int(n.Load()) }
 		},
 		NewStalledSink: func(t *testing.T) (sinktest.Sink, func()) {
 			stop := make(chan struct{})
@@ -86,9 +93,9 @@ func TestHTTPConformance(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return s, sync.OnceFunc(func() { close(stop) })
+			return wrap(s), sync.OnceFunc(func() { close(stop) })
 		},
-	})
+	}
 }
 
 func TestHTTPStatus(t *testing.T) {
