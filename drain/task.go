@@ -40,7 +40,11 @@ func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 	var ctx context.Context = tctx
 	if l.reportsWire { // only a WireReporter calls it (a closure and a context value per task otherwise)
 		ctx = shaper.WithWire(ctx, func(t time.Time, exact bool) { l.wired(m, t, exact) })
-		if l.gatesWire { // a task released a lead before m.Departed waits for it at the write (gate.go)
+		// A task released a lead before m.Departed waits for it at the write
+		// (gate.go); one that starts at or after it has nothing to wait for,
+		// and gets no gate (a sink may then send as it would unpaced:
+		// sinks/direct.go writes only gated requests itself).
+		if l.gatesWire && start.Before(m.Departed) {
 			ctx = shaper.WithGate(ctx, func() { l.gate.wait(m.Departed) })
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -90,8 +91,8 @@ func (d *direct) roundTrip(req *http.Request, gate func(), wire func(time.Time, 
 		if _, err = c.Write(buf.Bytes()); err != nil {
 			stop()
 			_ = c.Close()
-			if ctxErr := ctx.Err(); ctxErr != nil {
-				return nil, ctxErr
+			if cerr := endedErr(ctx, err); cerr != nil {
+				return nil, cerr
 			}
 			if c.reused && attempt == 0 && staleConn(err) {
 				continue // closed by the server as it was taken: once more, on a new one
@@ -112,8 +113,8 @@ func (d *direct) roundTrip(req *http.Request, gate func(), wire func(time.Time, 
 		if err != nil {
 			stop()
 			_ = c.Close()
-			if ctxErr := ctx.Err(); ctxErr != nil {
-				return nil, ctxErr
+			if cerr := endedErr(ctx, err); cerr != nil {
+				return nil, cerr
 			}
 			return nil, err
 		}
@@ -121,6 +122,20 @@ func (d *direct) roundTrip(req *http.Request, gate func(), wire func(time.Time, 
 			keep: !resp.Close && !req.Close}
 		return resp, nil
 	}
+}
+
+// endedErr is the error of a call that failed once ctx had ended: ctx's
+// own, or context.DeadlineExceeded (with err) when the connection's
+// deadline, which is ctx's, fired before ctx reported it ended. The lane
+// tells a task timeout by it (drain/task.go); nil while ctx runs.
+func endedErr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return cerr
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return fmt.Errorf("%w (%v)", context.DeadlineExceeded, err)
+	}
+	return nil
 }
 
 // maxInterim is how many 1xx informational responses (100 Continue, 103
