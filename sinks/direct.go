@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -45,7 +44,6 @@ type directConn struct {
 	net.Conn
 	br       *bufio.Reader
 	loopback bool
-	reused   bool
 }
 
 func newDirect(maxIdle int) *direct {
@@ -63,12 +61,9 @@ var directBuf = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // departure instant), reports the write to wire (exact for a loopback
 // peer, as wireConn does), and returns the response; its body returns the
 // connection to the pool when read to the end and closed. A kept-alive
-// connection is checked before it is used (get); one that still fails the
-// write (the server closed it just then) is replaced once, and the request
-// written on a new one at once (its instant has passed; nothing was
-// reported). A failure after the write is the request's: the lane retries
-// it (a redelivery), since the downstream may have seen it when the report
-// said so.
+// connection is checked before it is used (get), so one the server closed
+// while idle is not written into. A failure is the request's: the lane
+// retries it (a redelivery).
 func (d *direct) roundTrip(req *http.Request, gate func(), wire func(time.Time, bool)) (*http.Response, error) {
 	ctx := req.Context()
 	buf := directBuf.Get().(*bytes.Buffer)
@@ -78,31 +73,20 @@ func (d *direct) roundTrip(req *http.Request, gate func(), wire func(time.Time, 
 		return nil, err
 	}
 	addr := canonicalAddr(req)
-	for attempt := 0; ; attempt++ {
-		c, err := d.get(ctx, addr)
-		if err != nil {
-			return nil, err
-		}
-		stop := c.watch(ctx)
-		if gate != nil {
-			gate()
-			gate = nil
-		}
-		if _, err = c.Write(buf.Bytes()); err != nil {
-			stop()
-			_ = c.Close()
-			if cerr := endedErr(ctx, err); cerr != nil {
-				return nil, cerr
-			}
-			if c.reused && attempt == 0 && staleConn(err) {
-				continue // closed by the server as it was taken: once more, on a new one
-			}
-			return nil, err
-		}
+	c, err := d.get(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	stop := c.watch(ctx)
+	if gate != nil {
+		gate()
+	}
+	var resp *http.Response
+	if _, err = c.Write(buf.Bytes()); err == nil {
 		if wire != nil {
 			wire(time.Now(), c.loopback)
 		}
-		resp, err := http.ReadResponse(c.br, req)
+		resp, err = http.ReadResponse(c.br, req)
 		for interim := 0; err == nil && isInterim(resp.StatusCode); interim++ {
 			if interim == maxInterim {
 				err = errors.New("too many 1xx informational responses")
@@ -110,18 +94,18 @@ func (d *direct) roundTrip(req *http.Request, gate func(), wire func(time.Time, 
 			}
 			resp, err = http.ReadResponse(c.br, req) // 1xx: a header block, then the response
 		}
-		if err != nil {
-			stop()
-			_ = c.Close()
-			if cerr := endedErr(ctx, err); cerr != nil {
-				return nil, cerr
-			}
-			return nil, err
-		}
-		resp.Body = &directBody{ReadCloser: resp.Body, d: d, c: c, addr: addr, stop: stop,
-			keep: !resp.Close && !req.Close}
-		return resp, nil
 	}
+	if err != nil {
+		stop()
+		_ = c.Close()
+		if cerr := endedErr(ctx, err); cerr != nil {
+			return nil, cerr
+		}
+		return nil, err
+	}
+	resp.Body = &directBody{ReadCloser: resp.Body, d: d, c: c, addr: addr, stop: stop,
+		keep: !resp.Close && !req.Close}
+	return resp, nil
 }
 
 // endedErr is the error of a call that failed once ctx had ended: ctx's
@@ -148,13 +132,6 @@ func isInterim(code int) bool {
 	return code >= 100 && code < 200 && code != http.StatusSwitchingProtocols
 }
 
-// staleConn reports whether err is what a kept-alive connection that the
-// server closed gives: the write or the response's first read failing.
-func staleConn(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
-}
-
 // canonicalAddr is req's host:port (port 80 when the URL gives none).
 func canonicalAddr(req *http.Request) string {
 	host, port := req.URL.Hostname(), req.URL.Port()
@@ -177,7 +154,6 @@ func (d *direct) get(ctx context.Context, addr string) (*directConn, error) {
 		d.idle[addr] = l[:len(l)-1]
 		d.mu.Unlock()
 		if c.alive() {
-			c.reused = true
 			return c, nil
 		}
 		_ = c.Close()
