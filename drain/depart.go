@@ -205,6 +205,15 @@ func (l *Lane) departureAt(now time.Time) (at time.Time, lead time.Duration) {
 		lead = gateLead(shaper.Limit(rate).Interval())
 	}
 	at = l.pacer.Next(now)
+	if l.gatesWire {
+		// The span floor (shaper.Pacer.WireFloor): windows of every
+		// length of 1 ms or more at the downstream, not only those of a
+		// whole number of intervals. It holds the departure itself, so
+		// that the task keeps its lead before the gate (gate.go).
+		if f := l.pacer.WireFloor(now); f.After(at) {
+			at = f
+		}
+	}
 	if until, held := l.holdUntil(now); held && until.After(at) {
 		at = until // an operator's pause (control.go)
 	}

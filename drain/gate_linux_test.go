@@ -21,13 +21,17 @@ import (
 // message's departure instant.
 type gatingSink struct {
 	gates bool // GatesWire
-	mu    sync.Mutex
-	calls []gateCall
+	// slowEvery > 0: every slowEvery-th request reports its wire slow
+	// after its gate opened (a write at the end of its tile).
+	slowEvery int
+	slow      time.Duration
+	mu        sync.Mutex
+	calls     []gateCall
 }
 
 type gateCall struct {
-	departed, called, opened time.Time
-	gated                    bool // the context carried a gate
+	departed, called, opened, wired time.Time
+	gated                           bool // the context carried a gate
 }
 
 func (s *gatingSink) ReportsWire() bool { return true }
@@ -40,7 +44,13 @@ func (s *gatingSink) Send(ctx context.Context, m *shaper.Message) error {
 		g()
 	}
 	c.opened = time.Now()
-	shaper.WireFrom(ctx)(c.opened, true)
+	c.wired = c.opened
+	s.mu.Lock()
+	if s.slowEvery > 0 && len(s.calls)%s.slowEvery == 0 {
+		c.wired = c.wired.Add(s.slow)
+	}
+	s.mu.Unlock()
+	shaper.WireFrom(ctx)(c.wired, true)
 	s.mu.Lock()
 	s.calls = append(s.calls, c)
 	s.mu.Unlock()
@@ -149,4 +159,42 @@ func TestLaneGatesWritesALeadEarly(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestLaneGateHoldsTheSpanFloor: above 1,000/s a lane whose sink gates its
+// writes departs no earlier than the pacer's span floor
+// (shaper.Pacer.WireFloor, Lane.departureAt), and its gates open no earlier
+// than the departures: request j's gate opens at least k × min_spacing
+// intervals after request j − k's wire report, for every k ≥ M =
+// floor(1 ms / (min_spacing × interval)) + 1, so that a window of 1 ms or
+// more of any length holds SPEC G1's bound floor(W × limit / min_spacing)
+// + 1 at the downstream. Every 20th request reports its write 200 µs after
+// its gate opened (at 4,000/s, 0.8 interval: within its tile, which moves
+// nothing); without the floor, the 5th request after it came 180–190 µs
+// too early.
+func TestLaneGateHoldsTheSpanFloor(t *testing.T) {
+	const limit, n = 4000.0, 1000
+	iv := shaper.Limit(limit).Interval()
+	calls := runGatingLane(t, &gatingSink{gates: true, slowEvery: 20, slow: 200 * time.Microsecond}, limit, n)
+	first := int(float64(shaper.BatchWindow)/(shaper.DefaultMinSpacing*float64(iv))) + 1
+	held := 0
+	for j, c := range calls {
+		if c.opened.After(c.departed.Add(20 * time.Microsecond)) {
+			held++
+		}
+		for i := 0; i <= j-first; i++ {
+			need := calls[i].wired.Add(time.Duration(shaper.DefaultMinSpacing * float64(j-i) * float64(iv)))
+			if c.opened.Before(need) {
+				t.Fatalf("request %d's gate opened %v before request %d's wire report + %d × %.2f intervals (span floor, M = %d)",
+					j, need.Sub(c.opened), i, j-i, shaper.DefaultMinSpacing, first)
+			}
+		}
+	}
+	var push time.Duration
+	for _, c := range calls {
+		push += c.opened.Sub(c.departed)
+	}
+	span := calls[n-1].departed.Sub(calls[0].departed)
+	t.Logf("%d of %d gates opened more than 20 µs after their departure instant (M = %d), mean %v; departures at %.1f/s",
+		held, n, first, push/time.Duration(n), float64(n-1)/span.Seconds())
 }

@@ -76,6 +76,9 @@ type Pacer struct {
 	// reports so far (Wire): a reload (SetConfig) or a Rebase does not move
 	// the schedule before it, whatever instant it is given.
 	wireLeast time.Time
+	// spans are the latest departures above SpacingMaxRate with slack 0 and
+	// their wire reports, oldest first, for the span floor (spanFloor).
+	spans []spanMark
 
 	warmth   float64   // w in [0,1]
 	warmedAt time.Time // instant up to which warmth is integrated
@@ -458,7 +461,18 @@ func (p *Pacer) Depart(ready, now time.Time) {
 	}
 	p.tat = base.Add(iv)
 	p.last = now
+	if p.floored() && iv < time.Second/SpacingMaxRate {
+		p.markSpan(now, iv)
+	}
 }
+
+// WireFloor is the span floor of the next departure at now (see
+// spanFloor): the earliest instant it may leave so that, stamped no earlier
+// than its departure, its request keeps every window of 1 ms or more at the
+// downstream within SPEC G1's bound. A lane whose sink gates its writes
+// holds its departures to it (drain.Lane.departureAt); the zero time when
+// there is none (up to SpacingMaxRate, with slack, before any wire report).
+func (p *Pacer) WireFloor(now time.Time) time.Time { return p.spanFloor(p.interval(now)) }
 
 // Wire records that the departure which left at departed actually reached
 // the wire at wired (see WithWire). Every request pays the usual delay from
@@ -564,6 +578,12 @@ func (p *Pacer) Wire(departed, wired time.Time, exact bool) bool {
 	if exact && !spaced && p.floored() {
 		lag = iv // the tiles (see the doc)
 	}
+	if !spaced && p.floored() {
+		// The span floor (spanFloor): the downstream stamped the request
+		// by wired, or a tenth of an interval later for a report that is
+		// not exact (the jitter budget of the lag above).
+		p.wireSpan(departed, wired.Add(iv-lag))
+	}
 	least := left.Add(iv - lag)
 	if p.tat.Before(least) {
 		p.forgivenWire += least.Sub(p.tat)
@@ -573,6 +593,98 @@ func (p *Pacer) Wire(departed, wired time.Time, exact bool) bool {
 		p.wireLeast = least
 	}
 	return moved
+}
+
+// spanMark is one departure of Pacer.spans: when it left, and the latest
+// instant its request can have reached the downstream (its wire report, and
+// the jitter budget of a report that is not exact); zero until reported.
+type spanMark struct {
+	departed, stamped time.Time
+}
+
+// maxSpanMarks bounds Pacer.spans: 2 × spanFirst entries are needed, 212 at
+// 100,000/s with the default min_spacing. A lane faster than the bound
+// allows (or with a smaller min_spacing) checks the spans it keeps.
+const maxSpanMarks = 4096
+
+// spanFirst is the fewest gaps, m, between two requests at interval iv
+// that the span floor must keep apart: a window of W ≥ BatchWindow holding
+// m + 1 requests keeps G1's bound floor(W × limit / min_spacing) + 1 as
+// long as m ≤ BatchWindow / (min_spacing × iv), whatever their stamps.
+func spanFirst(iv time.Duration, minSpacing float64) int {
+	return int(float64(BatchWindow)/(minSpacing*float64(iv))) + 1
+}
+
+// The span floor: above SpacingMaxRate with slack 0, request j may not
+// depart before stamped_{j−k} + k × min_spacing × iv, for every k in
+// [M, 2M), M = spanFirst(iv): then any m ≥ M gaps span at least
+// m × min_spacing intervals at the downstream (every such m is a sum of
+// spans in [M, 2M)), and a window W ≥ BatchWindow of any length holds at
+// most floor(W × limit / min_spacing) + 1 requests (SPEC G1, windows of a
+// length other than a whole number of intervals), while the tiles (Wire)
+// keep those of a whole number. Request j is stamped no earlier than its
+// departure, and request j − k no later than stamped_{j−k}. spanFloor is
+// the floor of the next departure (WireFloor).
+//
+// Only a lane whose sink gates its writes holds its departures to it
+// (drain.Lane.departureAt): the floor counts the whole delay from a
+// departure to its wire report against the next ones, which at a gate is
+// the gate's wake-up and the write (16 µs at the median at 5,000/s). A
+// sink that does not gate reports after its task's start too: every
+// request 199 µs from departure to report cut a 5,000/s lane to ~4,480/s
+// (TestLaneExactWireReports). Such a lane keeps windows of other lengths
+// at its departures (the spacing floor), not at the wire.
+//
+// Why: the tiles keep windows of a whole number of intervals, but a
+// request written at the end of its tile and the next ones on time put 7
+// requests in 1.007 ms at 5,000/s at the downstream (bound 6 for a window
+// of 5.03 intervals; 6,000–10,000 such windows in 10 s through the HTTP
+// sink, bench section 11, 2026-12-07; none with the floor). Lateness is
+// still made up, by at most 1 − min_spacing of an interval a request, as
+// up to SpacingMaxRate. A departure whose report has not come
+// (maxWireWait) constrains nothing. Tests: TestPacerWireTilesHoldTheWindows
+// (windows of other lengths), TestPacerWireFloor,
+// TestLaneGateHoldsTheSpanFloor, and bench section 11 at the downstream's
+// kernel stamps (TestBenchSectionHTTP).
+func (p *Pacer) spanFloor(iv time.Duration) time.Time {
+	var at time.Time
+	if !p.floored() || iv >= time.Second/SpacingMaxRate || len(p.spans) == 0 {
+		return at
+	}
+	first := spanFirst(iv, p.minSpacing)
+	n := len(p.spans) // the next departure's distance to spans[i] is n − i
+	for k := first; k < 2*first && k <= n && k <= maxSpanMarks; k++ {
+		m := p.spans[n-k]
+		if m.stamped.IsZero() {
+			continue
+		}
+		// Rounded up: a floor a nanosecond early is not a floor.
+		if f := m.stamped.Add(time.Duration(math.Ceil(p.minSpacing * float64(k) * float64(iv)))); f.After(at) {
+			at = f
+		}
+	}
+	return at
+}
+
+// markSpan records a departure at now (interval iv) in spans, keeping at
+// least the 2 × spanFirst latest (at most twice as many: the oldest are
+// dropped in one copy every so many departures).
+func (p *Pacer) markSpan(now time.Time, iv time.Duration) {
+	keep := min(2*spanFirst(iv, p.minSpacing), maxSpanMarks)
+	if len(p.spans) >= 2*keep { // shift once per keep departures
+		p.spans = append(p.spans[:0], p.spans[len(p.spans)-keep+1:]...)
+	}
+	p.spans = append(p.spans, spanMark{departed: now})
+}
+
+// wireSpan records that the departure at departed was stamped by stamped.
+func (p *Pacer) wireSpan(departed, stamped time.Time) {
+	for i := len(p.spans) - 1; i >= 0; i-- {
+		if p.spans[i].departed.Equal(departed) {
+			p.spans[i].stamped = stamped
+			return
+		}
+	}
 }
 
 // TakeForgiven returns the time the schedule has given up since the last

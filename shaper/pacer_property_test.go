@@ -605,8 +605,10 @@ const wireRunLimit = 5000
 // under a backlog drives it with a sink that reports the wire
 // (drain.WireReporter): each departure is as late as the waiter makes it
 // (drawLateness), and one in lateOneIn up to an interval later still (the
-// lane makes that up); its request reaches the wire delay(at, dep) after it
-// left (at: when it was due), reported exact or not (shaper.WithWire); the
+// lane makes that up); no departure is due before the span floor
+// (WireFloor: the lane's sink gates its writes); its request reaches the
+// wire delay(at, dep) after it left (at: when it was due), reported exact
+// or not (shaper.WithWire); the
 // lane reads the pacer again after the wire report. step(i) runs before
 // departure i. It returns the wire
 // instants, sorted.
@@ -617,7 +619,12 @@ func wireRun(rng *rand.Rand, exact bool, lateOneIn int, step func(i int), delay 
 	var wires []time.Time
 	for i := range 20000 {
 		step(i)
+		// A lane whose sink gates its writes departs no earlier than the
+		// span floor (drain.Lane.departureAt).
 		at := p.Next(now)
+		if f := p.WireFloor(now); f.After(at) {
+			at = f
+		}
 		dep := at
 		if at.After(now) {
 			dep = at.Add(drawLateness(rng))
@@ -636,13 +643,22 @@ func wireRun(rng *rand.Rand, exact bool, lateOneIn int, step func(i int), delay 
 }
 
 // checkWireWindows reports every window of 1 ms, 10 ms, 100 ms and 1 s
-// among wires (sorted) holding more than W × wireRunLimit + 1 (SPEC G1).
+// among wires (sorted) holding more than W × wireRunLimit + 1, and every
+// window of another length W ≥ 1 ms (5.03 to 50.5 intervals) holding more
+// than floor(W × wireRunLimit / min_spacing) + 1 (SPEC G1).
 func checkWireWindows(t *testing.T, seed uint64, wires []time.Time) {
 	t.Helper()
 	iv := Limit(wireRunLimit).Interval()
 	for _, win := range []time.Duration{time.Millisecond, 10 * time.Millisecond, 100 * time.Millisecond, time.Second} {
 		if got, want := maxInWindow(wires, win), int(win/iv)+1; got > want {
 			t.Errorf("seed %d: %d requests in a %v window at the wire, bound %d", seed, got, win, want)
+		}
+	}
+	for _, f := range []float64{5.03, 5.2, 5.5, 6.3, 7.5, 9.9, 10.5, 15.25, 19.5, 50.5} {
+		win := time.Duration(f * float64(iv))
+		want := int(math.Floor(f/DefaultMinSpacing+1e-9)) + 1
+		if got := maxInWindow(wires, win); got > want {
+			t.Errorf("seed %d: %d requests in a window of %.2f intervals (%v) at the wire, bound %d", seed, got, f, win, want)
 		}
 	}
 }

@@ -635,3 +635,67 @@ func TestPacerForgiven(t *testing.T) {
 		t.Errorf("after an idle second: forgiven %v, %v; want 3ms, 8ms", late, wire)
 	}
 }
+
+// TestPacerWireFloor: above 1,000/s with slack 0, the next departure's
+// span floor (WireFloor) is the latest of stamped_{j−k} + k × min_spacing ×
+// interval over k in [M, 2M), M = floor(1 ms / (min_spacing × interval)) +
+// 1 (6 at 5,000/s). A request reported 190 µs after its departure on time
+// (exact) holds the 6th departure after it to its report + 1,140 µs, the
+// 7th to + 1,330 µs, …; requests reported 10 µs after theirs hold nothing
+// (their floor is before their departure). A report that is not exact
+// counts a tenth of an interval later. No floor up to 1,000/s, or with
+// slack.
+func TestPacerWireFloor(t *testing.T) {
+	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+	run := func(limit Limit, slack int, exact bool, slowAt int, slow time.Duration, n int) (deps, floors []time.Time, wires []time.Time) {
+		p := NewPacer(PacerConfig{Limit: limit, Slack: slack}, t0)
+		now := t0
+		p.SetBusy(now, true)
+		for i := range n {
+			at := p.Next(now)
+			f := p.WireFloor(now)
+			p.Depart(at, at)
+			deps, floors = append(deps, at), append(floors, f)
+			d := us(10)
+			if i == slowAt {
+				d = slow
+			}
+			w := at.Add(d)
+			p.Wire(at, w, exact)
+			wires = append(wires, w)
+			now = w
+		}
+		return deps, floors, wires
+	}
+	deps, floors, wires := run(5000, 0, true, 3, us(190), 20)
+	for j := range deps {
+		var want time.Time
+		if k := j - 3; k >= 6 && k < 12 {
+			want = wires[3].Add(time.Duration(math.Ceil(DefaultMinSpacing * float64(k) * float64(200*time.Microsecond))))
+		}
+		got := floors[j]
+		if !want.IsZero() {
+			if !got.Equal(want) {
+				t.Errorf("departure %d: floor %v after the slow report, want %v", j, got.Sub(wires[3]), want.Sub(wires[3]))
+			}
+		} else if got.After(deps[j]) {
+			t.Errorf("departure %d: floor %v after its departure, want none", j, got.Sub(deps[j]))
+		}
+	}
+	// Not exact: the report is counted 20 µs later (the tenth kept back).
+	_, floors, wires = run(5000, 0, false, 3, us(190), 20)
+	if got, want := floors[9].Sub(wires[3]), us(1140+20); got != want {
+		t.Errorf("not exact: floor of the 6th departure after the slow report at +%v, want +%v", got, want)
+	}
+	for _, tc := range []struct {
+		limit Limit
+		slack int
+	}{{1000, 0}, {5000, 2}} {
+		_, floors, _ := run(tc.limit, tc.slack, true, 3, us(190), 20)
+		for j, f := range floors {
+			if !f.IsZero() {
+				t.Errorf("%v slack %d: departure %d has a floor", tc.limit, tc.slack, j)
+			}
+		}
+	}
+}
