@@ -167,7 +167,7 @@ func (l *Lane) awaitDepartureTime(ctx context.Context, since time.Time) (ready, 
 		// A sink that gates its writes gets the task a lead early, and the
 		// departure counts at its instant (gate.go).
 		release := at.Add(-lead)
-		if !release.After(now) {
+		if !release.After(now) || (lead > 0 && release.Sub(now) < gateEarlyRelease) {
 			return ready, at, scheduled, false, true
 		}
 		var woke bool

@@ -42,6 +42,20 @@ const gateLeadMax = 150 * time.Microsecond
 // departure behind the previous one's gate.
 const gateLeadShare = 0.75
 
+// gateEarlyRelease: a gated departure whose release is less than this
+// away leaves at once, up to this much before its lead, and its task waits
+// the difference at the gate. The loop comes back to it on the previous
+// request's wire report, 20–40 µs after that request's instant at 5,000/s,
+// when its release is 50 µs after it: the rest was too short for a timer
+// and the precise waiter spun it, ~6 % of a core at 5,000/s
+// (go tool pprof -tagfocus sender=lane-http -peek 'drain.spinUntil$' on
+// bench section 11's profile; docs/performance.md, session 32). At the
+// gate the same wait is long enough for the waiter's timer. The lead then
+// reaches up to gateLeadMax + gateEarlyRelease, which may exceed an
+// interval: harmless, as the loop releases a departure only after the
+// previous request's write was reported (see gateLeadShare).
+const gateEarlyRelease = 50 * time.Microsecond
+
 // gateLead is how long before its departure instant the loop releases a
 // departure at the interval iv, for a lane whose writes are gated
 // (Lane.gatesWire: not on the shared schedule, where a slot is used when

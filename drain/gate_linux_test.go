@@ -198,3 +198,49 @@ func TestLaneGateHoldsTheSpanFloor(t *testing.T) {
 	t.Logf("%d of %d gates opened more than 20 µs after their departure instant (M = %d), mean %v; departures at %.1f/s",
 		held, n, first, push/time.Duration(n), float64(n-1)/span.Seconds())
 }
+
+// recordingWaiter records how far ahead each Wait of the departure loop
+// aimed, and waits with the precise waiter it wraps.
+type recordingWaiter struct {
+	Waiter
+	mu    sync.Mutex
+	ahead []time.Duration
+}
+
+func (w *recordingWaiter) Unwrap() Waiter { return w.Waiter }
+
+func (w *recordingWaiter) Wait(ctx context.Context, t time.Time, wake <-chan struct{}) (bool, error) {
+	w.mu.Lock()
+	w.ahead = append(w.ahead, time.Until(t))
+	w.mu.Unlock()
+	return w.Waiter.Wait(ctx, t, wake)
+}
+
+// TestLaneGatedReleaseDoesNotSpin: a gated departure whose release is
+// less than gateEarlyRelease away leaves at once, and its task waits at the
+// gate (gate.go): at 5,000/s the loop, woken by the previous request's
+// wire report 10–40 µs after that request's instant, no longer waits the
+// 10–40 µs left to the release, which the precise waiter spun (under its
+// minSleep). Without the rule most of the loop's waits were that short.
+func TestLaneGatedReleaseDoesNotSpin(t *testing.T) {
+	const limit, n = 5000.0, 2000
+	w := &recordingWaiter{Waiter: NewPreciseWaiter()}
+	calls := runGatingLane(t, &gatingSink{gates: true}, limit, n, WithWaiter(w))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	short := 0
+	for _, a := range w.ahead {
+		if a > 0 && a < gateEarlyRelease/2 {
+			short++
+		}
+	}
+	t.Logf("%d of the loop's %d waits aimed under %v ahead", short, len(w.ahead), gateEarlyRelease/2)
+	if short > n/100 {
+		t.Errorf("%d of the loop's %d waits aimed under %v ahead: a gated release that close should leave at once", short, len(w.ahead), gateEarlyRelease/2)
+	}
+	for i, c := range calls {
+		if c.opened.Before(c.departed) {
+			t.Fatalf("send %d: its gate opened %v before its departure instant", i, c.departed.Sub(c.opened))
+		}
+	}
+}
