@@ -22,6 +22,7 @@ import (
 	"github.com/shaper-dev/shaper/drain"
 	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/shaper/shapertest"
 	"github.com/shaper-dev/shaper/sinks"
 )
 
@@ -181,7 +182,9 @@ const envHTTPWireHi = "SHAPER_TEST_HTTP_WIRE_HI"
 // TestHTTPWireRateHigh is TestHTTPWireRate at 2,000/s and 10,000/s
 // (max_in_flight 64, 3 s of backlog): every window of 1 ms, 10 ms and
 // 100 ms at the downstream holds at most floor(W × limit) + 1 requests
-// (SPEC G1 requires the bound above 1,000/s for windows ≥ 1 ms); the rate
+// (SPEC G1 requires the bound above 1,000/s for windows ≥ 1 ms), and
+// windows of 1.03, 1.5, 2.5 and 5.5 ms floor(W × limit / min_spacing) + 1;
+// the rate
 // is logged. It runs only with SHAPER_TEST_HTTP_WIRE_HI=1: it cannot pass
 // reliably on this 2-core machine. Measured (2026-12-01): at 2,000/s
 // 1,987–1,991/s and a 100 ms window of 202/201 in 2 runs of 3 (with -race
@@ -204,6 +207,21 @@ func TestHTTPWireRateHigh(t *testing.T) {
 				bound := int(math.Floor(w.Seconds()*float64(limit))) + 1
 				if got, start := maxInWindow(r.stamps, w); got > bound {
 					t.Errorf("SPEC G1: a window of %v at the downstream held %d requests, bound floor(W × limit) + 1 = %d (at +%v)",
+						w, got, bound, start.Sub(r.stamps[0]).Round(time.Microsecond))
+				}
+			}
+			// Windows of other lengths than a whole number of intervals,
+			// 1 ms or more: floor(W × limit / min_spacing) + 1 (the span
+			// floor, shaper.Pacer.WireFloor).
+			iv := time.Second / time.Duration(limit)
+			for _, f := range []float64{1.03, 1.5, 2.5, 5.5} {
+				w := time.Duration(f * float64(time.Millisecond))
+				if w%iv == 0 {
+					continue
+				}
+				bound := shapertest.BoundAny(w, float64(limit), 0, r.minSpacing)
+				if got, start := maxInWindow(r.stamps, w); got > bound {
+					t.Errorf("SPEC G1: a window of %v at the downstream held %d requests, bound floor(W × limit / min_spacing) + 1 = %d (at +%v)",
 						w, got, bound, start.Sub(r.stamps[0]).Round(time.Microsecond))
 				}
 			}
