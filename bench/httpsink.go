@@ -976,9 +976,11 @@ func (r *Results) httpMarkdown() string {
 			w("Departure → wire: mean %s µs; the mean excess over it, max(delay − mean, 0), is %s µs per request,\n", fmtUs(lane.wireMean), fmtUs(lane.wireExcess))
 			w("against %s µs of time lost per request (1/achieved − 1/limit). Above 1,000/s the floor of the next\n", fmtUs(lost))
 			w("departure stays at the departures; a request whose wire report is more than an interval behind its\n")
-			w("schedule moves the schedule (shaper.Pacer.Wire, the tiles), and at most (1 − min_spacing) of an\n")
-			w("interval (%s µs) is made up per departure.\n\n",
-				fmtUs(time.Duration((1-shaper.DefaultMinSpacing)*float64(time.Second)/httpRate)))
+			w("schedule moves the schedule (shaper.Pacer.Wire, the tiles), at most (1 − min_spacing) of an\n")
+			w("interval (%s µs) is made up per departure, and the departures from the %dth on after a request keep\n",
+				fmtUs(time.Duration((1-shaper.DefaultMinSpacing)*float64(time.Second)/httpRate)),
+				int(math.Floor(float64(time.Millisecond)*httpRate/(shaper.DefaultMinSpacing*float64(time.Second))))+1)
+			w("k × min_spacing intervals from its wire report (shaper.Pacer.WireFloor, the span floor).\n\n")
 			w("The lane's own account (shaper_departure_lateness_forgiven_seconds_total): its schedule gave up\n")
 			w("%.1f ms to departures later than the make-up can recover (%.0f requests) and %.1f ms to late wire\n",
 				lane.forgivenLate.Seconds()*1e3, lane.forgivenLate.Seconds()*httpRate, lane.forgivenWire.Seconds()*1e3)

@@ -461,7 +461,7 @@ func (p *Pacer) Depart(ready, now time.Time) {
 	}
 	p.tat = base.Add(iv)
 	p.last = now
-	if p.floored() && iv < time.Second/SpacingMaxRate {
+	if p.floored() { // at every rate: a change across SpacingMaxRate needs the history
 		p.markSpan(now, iv)
 	}
 }
@@ -578,11 +578,15 @@ func (p *Pacer) Wire(departed, wired time.Time, exact bool) bool {
 	if exact && !spaced && p.floored() {
 		lag = iv // the tiles (see the doc)
 	}
-	if !spaced && p.floored() {
+	if p.floored() {
 		// The span floor (spanFloor): the downstream stamped the request
-		// by wired, or a tenth of an interval later for a report that is
-		// not exact (the jitter budget of the lag above).
-		p.wireSpan(departed, wired.Add(iv-lag))
+		// by wired, or later by the lag's jitter budget for a report that
+		// is not exact (a tenth of an interval above SpacingMaxRate).
+		stamped := wired
+		if !exact {
+			stamped = wired.Add(iv - MakeUpLag(iv, p.slack, p.minSpacing))
+		}
+		p.wireSpan(departed, stamped)
 	}
 	least := left.Add(iv - lag)
 	if p.tat.Before(least) {
@@ -602,10 +606,24 @@ type spanMark struct {
 	departed, stamped time.Time
 }
 
-// maxSpanMarks bounds Pacer.spans: 2 × spanFirst entries are needed, 212 at
-// 100,000/s with the default min_spacing. A lane faster than the bound
-// allows (or with a smaller min_spacing) checks the spans it keeps.
+// maxSpanMarks bounds Pacer.spans. With min_spacing under 1 the floor
+// needs spanLast entries (21 at 0.95); with 1.0, spanFirst (101 at
+// 100,000/s). A lane with min_spacing 1.0 faster than the bound allows
+// has no span floor.
 const maxSpanMarks = 4096
+
+// spanLast is the most gaps, m, that the span floor must keep apart at
+// min_spacing s (it holds only for spanFirst ≤ spanLast): beyond 1 / (1 −
+// s) the tiles (Wire) are enough. They put
+// m + 1 requests more than m − 1 intervals apart, and a window of W > (m −
+// 1) intervals allows floor(W / s) + 1 ≥ m + 1 of them once m − 1 ≥ s × m.
+// One more for rounding. With min_spacing 1.0 there is no such m.
+func spanLast(minSpacing float64) int {
+	if minSpacing >= 1 {
+		return maxSpanMarks
+	}
+	return min(int(math.Ceil(1/(1-minSpacing)))+1, maxSpanMarks)
+}
 
 // spanFirst is the fewest gaps, m, between two requests at interval iv
 // that the span floor must keep apart: a window of W ≥ BatchWindow holding
@@ -616,15 +634,35 @@ func spanFirst(iv time.Duration, minSpacing float64) int {
 }
 
 // The span floor: above SpacingMaxRate with slack 0, request j may not
-// depart before stamped_{j−k} + k × min_spacing × iv, for every k in
-// [M, 2M), M = spanFirst(iv): then any m ≥ M gaps span at least
-// m × min_spacing intervals at the downstream (every such m is a sum of
-// spans in [M, 2M)), and a window W ≥ BatchWindow of any length holds at
-// most floor(W × limit / min_spacing) + 1 requests (SPEC G1, windows of a
-// length other than a whole number of intervals), while the tiles (Wire)
-// keep those of a whole number. Request j is stamped no earlier than its
-// departure, and request j − k no later than stamped_{j−k}. spanFloor is
-// the floor of the next departure (WireFloor).
+// depart before stamped_{j−M} + M × min_spacing × iv, M = spanFirst(iv).
+// With slack 0 consecutive departures keep min_spacing intervals (Next,
+// floored), so departure j is then at least stamped_{j−m} + m ×
+// min_spacing × iv for every m ≥ M, by induction on m: request j is
+// stamped no earlier than its departure and request j − m no later than
+// stamped_{j−m}, so any m ≥ M gaps span at least m × min_spacing
+// intervals at the downstream, and a window W ≥ BatchWindow of any length
+// holds at most floor(W × limit / min_spacing) + 1 requests (SPEC G1,
+// windows of a length other than a whole number of intervals), while the
+// tiles (Wire) keep those of a whole number. Above ~19,000/s at
+// min_spacing 0.95 (M > spanLast) the tiles alone are enough. spanFloor is
+// the floor of the next departure (WireFloor). Departures are marked at
+// every rate with slack 0, so that the first ones after a change from
+// under SpacingMaxRate to over it are held by the last ones before (a
+// review helper found 3 requests in 1.557 ms after 900/s → 1,200/s, bound
+// 2).
+//
+// Its cost: a late request's followers make its lateness up by
+// 1 − min_spacing of an interval each, and a departure held later than the
+// make-up's lag counts as late (TakeForgiven). At min_spacing 0.95 the
+// property model lost 0.13 points more at 5,000/s (docs/performance.md,
+// session 32). At min_spacing 1.0 nothing is made up, and every
+// microsecond from departure to report holds the departures that follow:
+// a review helper measured 1.2–1.4 % of the rate at 1,500–10,000/s for a
+// constant 16 µs (what the HTTP sink's gate and write take at the median).
+//
+// A limit: a request whose write is held past maxWireWait (the loop then
+// departs the next ones without its report) can reach the downstream after
+// them and break a window; the tiles have the same limit.
 //
 // Only a lane whose sink gates its writes holds its departures to it
 // (drain.Lane.departureAt): the floor counts the whole delay from a
@@ -641,9 +679,8 @@ func spanFirst(iv time.Duration, minSpacing float64) int {
 // of 5.03 intervals; 6,000–10,000 such windows in 10 s through the HTTP
 // sink, bench section 11, 2026-12-07; none with the floor). Lateness is
 // still made up, by at most 1 − min_spacing of an interval a request, as
-// up to SpacingMaxRate. A departure whose report has not come
-// (maxWireWait) constrains nothing. Tests: TestPacerWireTilesHoldTheWindows
-// (windows of other lengths), TestPacerWireFloor,
+// up to SpacingMaxRate. Tests: TestPacerWireTilesHoldTheWindows
+// (windows of other lengths), TestPacerWireFloor, TestPacerSpanFloorProperty,
 // TestLaneGateHoldsTheSpanFloor, and bench section 11 at the downstream's
 // kernel stamps (TestBenchSectionHTTP).
 func (p *Pacer) spanFloor(iv time.Duration) time.Time {
@@ -651,26 +688,28 @@ func (p *Pacer) spanFloor(iv time.Duration) time.Time {
 	if !p.floored() || iv >= time.Second/SpacingMaxRate || len(p.spans) == 0 {
 		return at
 	}
-	first := spanFirst(iv, p.minSpacing)
+	k := spanFirst(iv, p.minSpacing)
 	n := len(p.spans) // the next departure's distance to spans[i] is n − i
-	for k := first; k < 2*first && k <= n && k <= maxSpanMarks; k++ {
-		m := p.spans[n-k]
-		if m.stamped.IsZero() {
-			continue
-		}
+	if k > spanLast(p.minSpacing) || k > n {
+		return at
+	}
+	if m := p.spans[n-k]; !m.stamped.IsZero() {
 		// Rounded up: a floor a nanosecond early is not a floor.
-		if f := m.stamped.Add(time.Duration(math.Ceil(p.minSpacing * float64(k) * float64(iv)))); f.After(at) {
-			at = f
-		}
+		at = m.stamped.Add(time.Duration(math.Ceil(p.minSpacing * float64(k) * float64(iv))))
 	}
 	return at
 }
 
 // markSpan records a departure at now (interval iv) in spans, keeping at
-// least the 2 × spanFirst latest (at most twice as many: the oldest are
-// dropped in one copy every so many departures).
+// least the latest the floor may need (spanLast; with min_spacing 1.0,
+// spanFirst at iv, and no fewer than 64 for a faster rate to come), at
+// most twice as many: the oldest are dropped in one copy every so many
+// departures.
 func (p *Pacer) markSpan(now time.Time, iv time.Duration) {
-	keep := min(2*spanFirst(iv, p.minSpacing), maxSpanMarks)
+	keep := spanLast(p.minSpacing) + 1
+	if p.minSpacing >= 1 {
+		keep = min(max(spanFirst(iv, p.minSpacing)+1, 64), maxSpanMarks)
+	}
 	if len(p.spans) >= 2*keep { // shift once per keep departures
 		p.spans = append(p.spans[:0], p.spans[len(p.spans)-keep+1:]...)
 	}

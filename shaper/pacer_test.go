@@ -637,14 +637,15 @@ func TestPacerForgiven(t *testing.T) {
 }
 
 // TestPacerWireFloor: above 1,000/s with slack 0, the next departure's
-// span floor (WireFloor) is the latest of stamped_{j−k} + k × min_spacing ×
-// interval over k in [M, 2M), M = floor(1 ms / (min_spacing × interval)) +
-// 1 (6 at 5,000/s). A request reported 190 µs after its departure on time
-// (exact) holds the 6th departure after it to its report + 1,140 µs, the
-// 7th to + 1,330 µs, …; requests reported 10 µs after theirs hold nothing
-// (their floor is before their departure). A report that is not exact
-// counts a tenth of an interval later. No floor up to 1,000/s, or with
-// slack.
+// span floor (WireFloor) is stamped_{j−M} + M × min_spacing × interval, M =
+// floor(1 ms / (min_spacing × interval)) + 1 (6 at 5,000/s). Departures
+// held to it, as a lane that gates its writes holds them: a request
+// reported 190 µs after its departure on time (exact) holds the 6th
+// departure after it to its report + 1,140 µs, and through the spacing
+// floor between consecutive departures every k-th after it, k ≥ 6, to its
+// report + k × 190 µs; requests reported 10 µs after theirs hold nothing.
+// A report that is not exact counts a tenth of an interval later. No floor
+// up to 1,000/s, or with slack.
 func TestPacerWireFloor(t *testing.T) {
 	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
 	run := func(limit Limit, slack int, exact bool, slowAt int, slow time.Duration, n int) (deps, floors []time.Time, wires []time.Time) {
@@ -654,6 +655,9 @@ func TestPacerWireFloor(t *testing.T) {
 		for i := range n {
 			at := p.Next(now)
 			f := p.WireFloor(now)
+			if f.After(at) {
+				at = f
+			}
 			p.Depart(at, at)
 			deps, floors = append(deps, at), append(floors, f)
 			d := us(10)
@@ -667,19 +671,21 @@ func TestPacerWireFloor(t *testing.T) {
 		}
 		return deps, floors, wires
 	}
-	deps, floors, wires := run(5000, 0, true, 3, us(190), 20)
-	for j := range deps {
-		var want time.Time
-		if k := j - 3; k >= 6 && k < 12 {
-			want = wires[3].Add(time.Duration(math.Ceil(DefaultMinSpacing * float64(k) * float64(200*time.Microsecond))))
+	deps, floors, wires := run(5000, 0, true, 3, us(190), 30)
+	if got, want := floors[9].Sub(wires[3]), us(1140); got != want {
+		t.Errorf("the 6th departure after the slow report: floor at +%v, want +%v", got, want)
+	}
+	if !deps[9].Equal(floors[9]) {
+		t.Errorf("the 6th departure after the slow report left at +%v, want its floor +1.14ms", deps[9].Sub(wires[3]))
+	}
+	for k := 6; 3+k < len(deps); k++ {
+		if need := wires[3].Add(time.Duration(math.Ceil(DefaultMinSpacing * float64(k) * float64(us(200))))); deps[3+k].Before(need) {
+			t.Errorf("departure %d after the slow report left %v before its report + %d × 0.95 intervals", k, need.Sub(deps[3+k]), k)
 		}
-		got := floors[j]
-		if !want.IsZero() {
-			if !got.Equal(want) {
-				t.Errorf("departure %d: floor %v after the slow report, want %v", j, got.Sub(wires[3]), want.Sub(wires[3]))
-			}
-		} else if got.After(deps[j]) {
-			t.Errorf("departure %d: floor %v after its departure, want none", j, got.Sub(deps[j]))
+	}
+	for j := range 9 {
+		if floors[j].After(deps[j]) {
+			t.Errorf("departure %d: floor %v after its departure, want none", j, floors[j].Sub(deps[j]))
 		}
 	}
 	// Not exact: the report is counted 20 µs later (the tenth kept back).
@@ -697,5 +703,37 @@ func TestPacerWireFloor(t *testing.T) {
 				t.Errorf("%v slack %d: departure %d has a floor", tc.limit, tc.slack, j)
 			}
 		}
+	}
+}
+
+// TestPacerWireFloorUpToSpanLast: at 15,000/s (M = 16, under spanLast 21
+// at min_spacing 0.95) a request reported at the end of its tile holds the
+// 16th departure after it to its report + 16 × 0.95 intervals, and through
+// the spacing floor the 17th to 21st to + k × 0.95 (the 19th to 18.05
+// intervals, which the tiles alone, 18, would not).
+func TestPacerWireFloorUpToSpanLast(t *testing.T) {
+	p := NewPacer(PacerConfig{Limit: 15000}, t0)
+	iv := Limit(15000).Interval()
+	now := t0
+	p.SetBusy(now, true)
+	var slow time.Time
+	for i := range 40 {
+		at := p.Next(now)
+		if f := p.WireFloor(now); f.After(at) {
+			at = f
+		}
+		p.Depart(at, at)
+		w := at.Add(time.Microsecond)
+		if i == 10 {
+			w = at.Add(iv - time.Microsecond) // the end of its tile
+			slow = w
+		}
+		if k := i - 10; k >= 16 && k <= 21 {
+			if need := slow.Add(time.Duration(math.Ceil(DefaultMinSpacing * float64(k) * float64(iv)))); at.Before(need) {
+				t.Errorf("departure %d after the slow report left %v before its report + %d × 0.95 intervals", k, need.Sub(at), k)
+			}
+		}
+		p.Wire(at, w, true)
+		now = w
 	}
 }
