@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -103,26 +102,6 @@ func TestBenchSectionHTTP(t *testing.T) {
 	// of 1 ms or more: the lane's headline says where a window broke.
 	if !strings.Contains(stdout.String(), "), within the G1 window bounds;") {
 		t.Errorf("the lane broke G1 at the downstream:\n%s", stdout.String())
-	}
-}
-
-// TestOtherWindows: G1's bound for windows of other lengths than a whole
-// number of intervals, at 5,000/s and min_spacing 0.95: 7 requests need
-// 1,140 µs (a window of 1.139 ms allows floor(5.69/0.95) + 1 = 6).
-func TestOtherWindows(t *testing.T) {
-	even := make([]time.Time, 40)
-	t0 := time.Unix(0, 0)
-	for i := range even {
-		even[i] = t0.Add(time.Duration(i) * 200 * time.Microsecond)
-	}
-	if o := otherWindows(even, 5000, 0.95); !o.ok || o.margin != 60*time.Microsecond || o.broken != 0 || o.m != 6 {
-		t.Errorf("even: %+v, want margin 60µs over 6 gaps, none broken", o)
-	}
-	late := slices.Clone(even)
-	late[10] = late[10].Add(190 * time.Microsecond) // at the end of its tile
-	o := otherWindows(late, 5000, 0.95)
-	if o.margin != -130*time.Microsecond || o.broken == 0 || o.m != 6 {
-		t.Errorf("late: %+v, want margin −130µs over 6 gaps, broken", o)
 	}
 }
 

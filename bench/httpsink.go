@@ -38,6 +38,7 @@ import (
 	"github.com/shaper-dev/shaper/internal/kstamp"
 	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/shaper"
+	"github.com/shaper-dev/shaper/shaper/shapertest"
 	"github.com/shaper-dev/shaper/sinks"
 )
 
@@ -78,8 +79,8 @@ type httpRow struct {
 	margin []time.Duration
 	// other is the closest that requests came at the downstream to G1's
 	// bound for windows of other lengths than a whole number of
-	// intervals (otherWindows).
-	other otherWindow
+	// intervals (shapertest.Others).
+	other shapertest.Other
 	// pairs are the lane's (departure, wire report) of each request, by
 	// departure (runLaneHTTP); closest joins them with the stamps of the
 	// closest window of marginWindows[0] (joinClosest).
@@ -218,47 +219,6 @@ type closestWindow struct {
 	misordered int // requests stamped before their own departure (the join is off)
 }
 
-// otherWindow is the closest window of G1's second kind that a run came to
-// breaking: m + 1 requests spanning span, where floor(W × limit /
-// min_spacing) + 1 allows m + 1 in a window W ≥ 1 ms only when span ≥
-// need = m × min_spacing intervals. margin = span − need; negative: a
-// window broke G1.
-type otherWindow struct {
-	m          int
-	span, need time.Duration
-	margin     time.Duration
-	broken     int // windows (starting requests) that broke it, over every m
-	ok         bool
-}
-
-// otherWindows judges the sorted stamps at against SPEC G1's bound for
-// windows whose length W is not a whole number of intervals: at most
-// floor(W × limit / minSpacing) + 1, for W ≥ 1 ms (above 1,000/s). A
-// window holding m + 1 requests is at least as long as their span D and
-// at least 1 ms, so it breaks the bound exactly when m > floor(max(D,
-// 1 ms) × limit / minSpacing): for m up to 1 ms × limit / minSpacing never,
-// beyond it when D < m × minSpacing / limit. It looks at m up to where a
-// whole interval of make-up is allowed (1 / (1 − minSpacing)), beyond
-// which the whole windows are the stricter bound.
-func otherWindows(at []time.Time, limit, minSpacing float64) otherWindow {
-	var o otherWindow
-	first := int(float64(time.Millisecond)*limit/(minSpacing*float64(time.Second))) + 1
-	last := max(first, int(math.Ceil(1/(1-minSpacing)))+1)
-	for m := first; m <= last && m < len(at); m++ {
-		need := time.Duration(math.Round(float64(m) * minSpacing * float64(time.Second) / limit))
-		for i := 0; i+m < len(at); i++ {
-			span := at[i+m].Sub(at[i])
-			if int(math.Floor(max(span, time.Millisecond).Seconds()*limit/minSpacing+1e-9)) < m {
-				o.broken++
-			}
-			if margin := span - need; !o.ok || margin < o.margin {
-				o = otherWindow{m: m, span: span, need: need, margin: margin, broken: o.broken, ok: true}
-			}
-		}
-	}
-	return o
-}
-
 // closestSpan returns the first request and the span of the closest window
 // of w × httpRate + 2 requests (one more than G1's bound) at the sorted
 // instants at; ok is false when at holds no such window.
@@ -331,7 +291,10 @@ func (r *httpRow) fillRate(at []time.Time) {
 			r.maxGap = max(r.maxGap, off[i]-off[i-1])
 		}
 	}
-	r.other = otherWindows(at, httpRate, shaper.DefaultMinSpacing)
+	// Beyond 1 / (1 − min_spacing) gaps the whole windows are the
+	// stricter bound (shaper.Pacer's spanLast).
+	r.other = shapertest.Others(at, httpRate, shaper.DefaultMinSpacing, shaper.BatchWindow,
+		int(math.Ceil(1/(1-shaper.DefaultMinSpacing)))+1)
 	for _, w := range marginWindows {
 		if _, least, ok := closestSpan(at, w); ok {
 			r.margin = append(r.margin, least-w)
@@ -956,10 +919,10 @@ func (r *Results) httpMarkdown() string {
 				int(marginWindows[0].Seconds()*httpRate)+2, fmtUs(marginWindows[0]+lane.margin[0]))
 			w("(%s µs beyond 10 ms), the closest %d %s µs (%s µs beyond 1 ms); negative: a window broke G1.\n\n",
 				fmtUs(lane.margin[0]), int(marginWindows[1].Seconds()*httpRate)+2, fmtUs(marginWindows[1]+lane.margin[1]), fmtUs(lane.margin[1]))
-			if o := lane.other; o.ok {
+			if o := lane.other; o.OK {
 				w("In windows whose length is not a whole number of intervals (bound floor(W × limit / min_spacing) + 1,\n")
 				w("W ≥ 1 ms), the closest %d requests spanned %s µs, %s µs beyond the %s µs the bound needs; %d\n",
-					o.m+1, fmtUs(o.span), fmtUs(o.margin), fmtUs(o.need), o.broken)
+					o.M+1, fmtUs(o.Span), fmtUs(o.Margin), fmtUs(o.Need), o.Broken)
 				w("window(s) broke it (shaper.Pacer's span floor).\n\n")
 			}
 			if c := lane.closest; c != nil {
@@ -1023,8 +986,8 @@ func (r *Results) httpHeadlines() []string {
 			break
 		}
 	}
-	if o := lane.other; o.ok && o.margin < 0 {
-		g1 = fmt.Sprintf("ABOVE the G1 bound in windows of other lengths (%d requests in %s µs, bound %d)", o.m+1, fmtUs(o.span), o.m)
+	if o := lane.other; o.OK && o.Margin < 0 {
+		g1 = fmt.Sprintf("ABOVE the G1 bound in windows of other lengths (%d requests in %s µs, bound %d)", o.M+1, fmtUs(o.Span), o.M)
 	}
 	ratio := 0.0
 	if bare.cpuPerReq > 0 {

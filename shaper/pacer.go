@@ -76,8 +76,9 @@ type Pacer struct {
 	// reports so far (Wire): a reload (SetConfig) or a Rebase does not move
 	// the schedule before it, whatever instant it is given.
 	wireLeast time.Time
-	// spans are the latest departures above SpacingMaxRate with slack 0 and
-	// their wire reports, oldest first, for the span floor (spanFloor).
+	// spans are the latest departures with slack 0 (at every rate: a
+	// change across SpacingMaxRate needs them) and their wire reports,
+	// oldest first, for the span floor (spanFloor).
 	spans []spanMark
 
 	warmth   float64   // w in [0,1]

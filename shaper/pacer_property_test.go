@@ -8,6 +8,8 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/shaper-dev/shaper/shaper/shapertest"
 )
 
 // Property tests of SPEC G1 and G2 on the fake clock: thousands of random
@@ -656,7 +658,7 @@ func checkWireWindows(t *testing.T, seed uint64, wires []time.Time) {
 	}
 	for _, f := range []float64{5.03, 5.2, 5.5, 6.3, 7.5, 9.9, 10.5, 15.25, 19.5, 50.5} {
 		win := time.Duration(f * float64(iv))
-		want := int(math.Floor(f/DefaultMinSpacing+1e-9)) + 1
+		want := shapertest.BoundAny(win, wireRunLimit, 0, DefaultMinSpacing)
 		if got := maxInWindow(wires, win); got > want {
 			t.Errorf("seed %d: %d requests in a window of %.2f intervals (%v) at the wire, bound %d", seed, got, f, win, want)
 		}

@@ -2,38 +2,37 @@ package shaper
 
 import (
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/shaper-dev/shaper/shaper/shapertest"
 )
 
 // spanCheck judges sorted stamps against SPEC G1 at limit for windows of
-// 1 ms or more: a window of a whole number j of intervals holds at most
-// j + 1 (m + 1 requests spanning no more than m − 1 intervals break it),
-// one of any other length W at most floor(W × limit / s) + 1 (m + 1
-// requests spanning D break it when m > floor(max(D, 1 ms) × limit / s)).
-// It returns the first break and how many (m, closest span) broke.
+// 1 ms or more: one of any other length than a whole number of intervals
+// (shapertest.Others, up to maxM gaps), and one of a whole number j of
+// intervals at most j + 1 (m + 1 requests spanning no more than m − 1
+// intervals break it). It returns the first break and how many kinds broke.
 func spanCheck(stamps []time.Time, limit, s float64, maxM int) (string, int) {
 	bad, first := 0, ""
+	if o := shapertest.Others(stamps, limit, s, BatchWindow, maxM); o.Broken > 0 {
+		bad++
+		first = fmt.Sprintf("%d requests in %v (closest): bound floor(W × limit / %.2f) + 1 = %d", o.M+1, o.Span, s, o.M)
+	}
 	for m := 1; m <= maxM && m < len(stamps); m++ {
-		least, at := time.Duration(math.MaxInt64), 0
+		j := float64(m - 1)
+		if j/limit < 1e-3-1e-12 {
+			continue
+		}
 		for i := 0; i+m < len(stamps); i++ {
-			if d := stamps[i+m].Sub(stamps[i]); d < least {
-				least, at = d, i
-			}
-		}
-		if w := max(least.Seconds(), 1e-3); int(math.Floor(w*limit/s+1e-9)) < m {
-			bad++
-			if first == "" {
-				first = fmt.Sprintf("%d requests in %v (at %d): bound floor(W × limit / %.2f) + 1", m+1, least, at, s)
-			}
-		}
-		if j := float64(m - 1); j/limit >= 1e-3-1e-12 && least.Seconds() <= j/limit {
-			bad++
-			if first == "" {
-				first = fmt.Sprintf("%d requests in %v (at %d): %d intervals allow %d", m+1, least, at, m-1, m)
+			if d := stamps[i+m].Sub(stamps[i]); d.Seconds() <= j/limit {
+				bad++
+				if first == "" {
+					first = fmt.Sprintf("%d requests in %v (at %d): %d intervals allow %d", m+1, d, i, m-1, m)
+				}
+				break
 			}
 		}
 	}

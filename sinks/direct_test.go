@@ -162,6 +162,7 @@ func TestHTTPDirect(t *testing.T) {
 			select {
 			case <-release:
 			case <-r.Context().Done():
+			case <-time.After(5 * time.Second): // a sink that ignores the deadline fails the test, not hangs it
 			}
 		}))
 		defer close(release)

@@ -64,3 +64,41 @@ func BoundWhole(w time.Duration, limit float64, slack int) int {
 func BoundAny(w time.Duration, limit float64, slack int, minSpacing float64) int {
 	return int(math.Floor(w.Seconds()*limit/minSpacing+1e-9)) + 1 + slack
 }
+
+// Other is the closest that sorted instants came to SPEC G1's bound for
+// windows whose length is not a whole number of intervals (Others): M + 1
+// of them spanned Span, where a window of W ≥ minW allows M + 1 only when
+// Span ≥ Need = M × minSpacing / limit; Margin = Span − Need, negative
+// when a window broke the bound. Broken counts the (m, first instant)
+// pairs that broke it; OK is false when no m was judged.
+type Other struct {
+	M                  int
+	Span, Need, Margin time.Duration
+	Broken             int
+	OK                 bool
+}
+
+// Others judges the sorted instants ts against SPEC G1's bound for a
+// window of any length W ≥ minW (1/limit, or 1 ms above 1,000/s):
+// floor(W × limit / minSpacing) + 1 (slack 0). A window holding m + 1
+// instants is at least as long as their span D and at least minW, so it
+// breaks the bound exactly when m > floor(max(D, minW) × limit /
+// minSpacing): never for m ≤ minW × limit / minSpacing, and beyond it
+// when D < m × minSpacing / limit. It looks at m from there up to maxM.
+func Others(ts []time.Time, limit, minSpacing float64, minW time.Duration, maxM int) Other {
+	var o Other
+	first := int(math.Floor(minW.Seconds()*limit/minSpacing+1e-9)) + 1
+	for m := first; m <= maxM && m < len(ts); m++ {
+		need := time.Duration(math.Round(float64(m) * minSpacing * float64(time.Second) / limit))
+		for i := 0; i+m < len(ts); i++ {
+			span := ts[i+m].Sub(ts[i])
+			if int(math.Floor(max(span, minW).Seconds()*limit/minSpacing+1e-9)) < m {
+				o.Broken++
+			}
+			if margin := span - need; !o.OK || margin < o.Margin {
+				o.M, o.Span, o.Need, o.Margin, o.OK = m, span, need, margin, true
+			}
+		}
+	}
+	return o
+}

@@ -31,3 +31,24 @@ func TestWindows(t *testing.T) {
 		t.Errorf("any bound %d, want floor(1.5/0.95)+1 = 2", b)
 	}
 }
+
+// TestOthers: G1's bound for windows of other lengths than a whole number
+// of intervals, at 5,000/s and min_spacing 0.95 (windows of 1 ms or more):
+// 7 instants need 1,140 µs (a window of 1.139 ms allows floor(5.69/0.95)
+// + 1 = 6). Evenly spaced, the closest 7 have 60 µs to spare; one instant
+// 190 µs late puts 7 in 1,010 µs.
+func TestOthers(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	even := make([]time.Time, 40)
+	for i := range even {
+		even[i] = t0.Add(time.Duration(i) * 200 * time.Microsecond)
+	}
+	if o := Others(even, 5000, 0.95, time.Millisecond, 21); !o.OK || o.Margin != 60*time.Microsecond || o.Broken != 0 || o.M != 6 {
+		t.Errorf("even: %+v, want margin 60µs over 6 gaps, none broken", o)
+	}
+	late := append([]time.Time(nil), even...)
+	late[10] = late[10].Add(190 * time.Microsecond) // at the end of its tile
+	if o := Others(late, 5000, 0.95, time.Millisecond, 21); o.Margin != -130*time.Microsecond || o.Broken == 0 || o.M != 6 {
+		t.Errorf("late: %+v, want margin −130µs over 6 gaps, broken", o)
+	}
+}
