@@ -30,16 +30,26 @@ func (l *Lane) departLoop(mine, other *follower) {
 // message (its task not started yet) and the departure instant; nil when
 // every message at the head had expired; false when the loop must end.
 func (l *Lane) nextDeparture(ctx context.Context) (*shaper.Message, time.Time, bool) {
+	// 0. An overtaken request at its gate leaves first (gate.go).
+	if l.ot.n.Load() > 0 {
+		return l.redepart(ctx)
+	}
 	// 1. A message at the head (expired ones go to the dead letter
 	// without taking a departure).
 	head, headWaited, ok := l.awaitHead(ctx)
 	if !ok {
 		return nil, time.Time{}, false
 	}
+	if head == nil { // an overtaken request came to its gate
+		return nil, time.Time{}, true
+	}
 	// 2. A free task slot (G5: at most max_in_flight at once).
-	unfull, slotWaited, ok := l.slots.acquire(ctx)
+	unfull, slotWaited, got, ok := l.slots.acquire(ctx, l.ot.wake)
 	if !ok {
 		return nil, time.Time{}, false
+	}
+	if !got { // an overtaken request came to its gate: its task has a slot
+		return nil, time.Time{}, true
 	}
 	// While the source is disconnected, hold departures: a delivery's
 	// ack could not reach the server, and the message would likely be
@@ -203,6 +213,9 @@ func (l *Lane) departureAt(now time.Time) (at time.Time, lead time.Duration) {
 	}
 	if l.gatesWire && rate > 0 {
 		lead = gateLead(shaper.Limit(rate).Interval())
+		if on := lead > 0; l.ot.lead.Load() != on {
+			l.ot.lead.Store(on)
+		}
 	}
 	at = l.pacer.Next(now)
 	if l.gatesWire {
@@ -247,12 +260,7 @@ func (l *Lane) depart(m *shaper.Message, empty bool, ready, now, scheduled time.
 	}
 	m.Departed = now
 	l.inflight[m] = struct{}{}
-	if l.reportsWire {
-		l.unwired, l.departedAt = m, now
-		if l.global != nil {
-			l.global.wireSlot = l.global.held // zero in the fallback
-		}
-	}
+	l.wireDeparts(m, now)
 	l.mu.Unlock()
 	if l.global != nil {
 		l.global.held = time.Time{} // the slot is used
@@ -270,6 +278,23 @@ func (l *Lane) depart(m *shaper.Message, empty bool, ready, now, scheduled time.
 	l.m.BucketDepth.Set(float64(l.bucket.Len()))
 	l.m.InFlight.Inc()
 	l.tasks.Add(1)
+}
+
+// wireDeparts records m's departure at now for a sink that reports its
+// writes (WireReporter): the next departure waits for m's write, and the
+// previous request, if its write was not reported, is overtaken (gate.go).
+// l.mu held.
+func (l *Lane) wireDeparts(m *shaper.Message, now time.Time) {
+	if !l.reportsWire {
+		return
+	}
+	if l.gatesWire && l.unwired != nil {
+		l.overtake(l.unwired)
+	}
+	l.unwired, l.departedAt = m, now
+	if l.global != nil {
+		l.global.wireSlot = l.global.held // zero in the fallback
+	}
 }
 
 // awaitConnected waits while the source reports it is disconnected; it
@@ -319,6 +344,8 @@ func (l *Lane) awaitHead(ctx context.Context) (head *shaper.Message, waited, ok 
 		select {
 		case <-l.bucket.NonEmpty():
 		case <-l.fetchDone:
+		case <-l.ot.wake: // an overtaken request came to its gate (gate.go)
+			return nil, waited, true
 		case <-ctx.Done():
 			return nil, waited, false
 		}

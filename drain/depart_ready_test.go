@@ -128,33 +128,33 @@ func TestSemaphoreUnfull(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
 		s := newSemaphore(2)
-		if unfull, waited, ok := s.acquire(ctx); !ok || waited || !unfull.IsZero() {
+		if unfull, waited, _, ok := s.acquire(ctx, nil); !ok || waited || !unfull.IsZero() {
 			t.Fatalf("first acquire: %v %v %v, want no wait and never full", unfull, waited, ok)
 		}
 		time.Sleep(time.Millisecond)
-		s.acquire(ctx) // full now
+		s.acquire(ctx, nil) // full now
 		time.Sleep(time.Millisecond)
 		s.release() // all were taken: free from now
 		freed := time.Now()
 		time.Sleep(time.Millisecond)
-		if unfull, waited, _ := s.acquire(ctx); waited || !unfull.Equal(freed) {
+		if unfull, waited, _, _ := s.acquire(ctx, nil); waited || !unfull.Equal(freed) {
 			t.Errorf("after a release from full: unfull %v, waited %v; want %v, no wait", unfull, waited, freed)
 		}
 		go func() { time.Sleep(2 * time.Millisecond); s.release() }()
-		if _, waited, ok := s.acquire(ctx); !waited || !ok {
+		if _, waited, _, ok := s.acquire(ctx, nil); !waited || !ok {
 			t.Errorf("with every slot taken: waited %v ok %v, want a wait", waited, ok)
 		}
 		s.release()
 		before := time.Now()
 		time.Sleep(time.Millisecond)
 		s.release() // not full: no new instant
-		if unfull, _, _ := s.acquire(ctx); unfull.After(before) {
+		if unfull, _, _, _ := s.acquire(ctx, nil); unfull.After(before) {
 			t.Errorf("a release that was not from full moved unfull to %v", unfull)
 		}
-		s.acquire(ctx)
+		s.acquire(ctx, nil)
 		time.Sleep(time.Millisecond)
 		s.setLimit(3) // a higher limit frees a slot of a full semaphore
-		if unfull, _, _ := s.acquire(ctx); !unfull.Equal(time.Now()) {
+		if unfull, _, _, _ := s.acquire(ctx, nil); !unfull.Equal(time.Now()) {
 			t.Errorf("setLimit from full: unfull %v, want now", unfull)
 		}
 	})

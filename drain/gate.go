@@ -3,6 +3,7 @@ package drain
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/shaper-dev/shaper/shaper"
@@ -99,4 +100,148 @@ func (g *writeGate) close() {
 		g.w.Unbind()
 		g.w = nil
 	}
+}
+
+// Overtaken requests. The departure loop waits for each request's write
+// (WireReporter) for at most maxWireWait, then departs the next ones: a dial
+// or a TLS handshake that hangs must not hold the lane (G5). The request it
+// gave up on is overtaken. Written when its connection finally came, it
+// would reach the downstream among later requests, one more than G1 allows
+// in their windows: its own departure instant long past, its gate would
+// have nothing to hold. So a gated lane marks it when the next one leaves
+// (overtake), and at its gate it waits for a departure of its own
+// (redepart, the first the loop serves), and is written at that instant.
+// The slot it departed in stays unused: G1 keeps holding at the downstream,
+// and the lane gives up one departure for each (shaper_departures_overtaken_total).
+// Found by a review of the span floor (docs/performance.md, session 32);
+// TestLaneOvertakenRequestDepartsAgain.
+//
+// When the task's timeout ends the wait first, the gate returns and the
+// sink's write fails on the ended context (its deadline is the connection's,
+// direct.go; the transport closes the connection). When the departure loop
+// has ended (a drain emptied the bucket, a stop), the request takes the
+// pacer's next time itself.
+
+// redeparture is an overtaken request waiting at its gate.
+type redeparture struct {
+	m     *shaper.Message
+	ready chan struct{} // closed when the loop departed it again (m.Departed is the new instant)
+	taken bool          // the loop departed it; l.mu
+	gone  bool          // its task stopped waiting; l.mu
+}
+
+// overtakes is a gated lane's state for overtaken requests.
+type overtakes struct {
+	set   map[*shaper.Message]struct{} // overtaken, their gate not reached; l.mu
+	queue []*redeparture               // at their gate, in order; l.mu
+	n     atomic.Int32                 // len(queue): the loop looks without l.mu
+	wake  chan struct{}                // a request joined the queue
+	// lead: the lane releases departures a lead early (above 1,000/s),
+	// and every task gets the gate, also one whose worker started after
+	// its instant: the gate is where an overtaken request is held.
+	lead atomic.Bool
+}
+
+// overtake marks u, the previous departure whose write was not reported,
+// when the next one leaves (l.mu held; a gated lane).
+func (l *Lane) overtake(u *shaper.Message) {
+	if l.ot.set == nil {
+		l.ot.set = make(map[*shaper.Message]struct{})
+	}
+	l.ot.set[u] = struct{}{}
+}
+
+// openGate is the gate of m's task (shaper.WithGate): it returns at m's
+// departure instant, or, when m was overtaken, at the instant of a
+// departure of its own; ctx is the task's.
+func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
+	now := time.Now()
+	l.mu.Lock()
+	if _, over := l.ot.set[m]; !over {
+		if l.unwired == m && now.After(l.departedAt) {
+			// Its write starts now: the loop waits for it anew, so that
+			// the next one cannot leave while it is being written.
+			l.departedAt = now
+		}
+		at := m.Departed
+		l.mu.Unlock()
+		l.gate.wait(at)
+		return
+	}
+	delete(l.ot.set, m)
+	r := &redeparture{m: m, ready: make(chan struct{})}
+	l.ot.queue = append(l.ot.queue, r)
+	l.ot.n.Add(1)
+	l.mu.Unlock()
+	l.m.Overtaken.Inc()
+	notify(l.ot.wake)
+	select {
+	case <-r.ready:
+	case <-ctx.Done():
+	case <-l.departDone:
+	}
+	l.mu.Lock()
+	if !r.taken {
+		r.gone = true
+		if ctx.Err() == nil { // the loop ended: the pacer's next time
+			now = time.Now()
+			at := l.pacer.Next(now)
+			if f := l.pacer.WireFloor(now); f.After(at) {
+				at = f
+			}
+			l.pacer.Depart(at, at)
+			m.Departed = at
+			l.m.Departures.Inc()
+		}
+	}
+	at := m.Departed
+	l.mu.Unlock()
+	l.gate.wait(at)
+}
+
+// redepart departs the first overtaken request waiting at its gate, at the
+// pacer's next time (the loop serves these before the bucket's head: they
+// were admitted before it). It returns as nextDeparture does, with no
+// message: the request's task is running.
+func (l *Lane) redepart(ctx context.Context) (*shaper.Message, time.Time, bool) {
+	ready, now, scheduled, gone, ok := l.awaitDepartureTime(ctx, time.Time{})
+	if !ok {
+		return nil, time.Time{}, false
+	}
+	if gone { // the bucket is empty: look again
+		return nil, now, true
+	}
+	l.mu.Lock()
+	var r *redeparture
+	for r == nil && len(l.ot.queue) > 0 {
+		r = l.ot.queue[0]
+		l.ot.queue[0] = nil
+		l.ot.queue = l.ot.queue[1:]
+		l.ot.n.Add(-1)
+		if r.gone {
+			r = nil
+		}
+	}
+	if r == nil {
+		l.mu.Unlock()
+		return nil, now, true
+	}
+	r.taken = true
+	prev := l.lastDeparture
+	l.lastDeparture = now
+	l.pacer.Depart(l.quotaReady(ready, now), now)
+	l.countForgiven()
+	l.quotaDepart(now)
+	l.breakerDeparts(r.m, now)
+	r.m.Departed = now
+	l.wireDeparts(r.m, now)
+	l.mu.Unlock()
+	close(r.ready)
+	l.m.Departures.Inc()
+	l.m.Lateness.Observe(max(0, now.Sub(scheduled)).Seconds())
+	if !prev.IsZero() {
+		l.m.Gap.Observe(now.Sub(prev).Seconds())
+	}
+	l.recent.depart(now, now.Sub(r.m.Admitted))
+	return nil, now, true
 }

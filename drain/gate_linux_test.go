@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/metrics"
@@ -88,14 +89,20 @@ func runPreciseLane(t *testing.T, sink Sink, limit float64, n int, opts ...Optio
 func runGatingLane(t *testing.T, s *gatingSink, limit float64, n int, opts ...Option) []gateCall {
 	t.Helper()
 	runPreciseLane(t, s, limit, n, opts...)
-	s.mu.Lock()
-	calls := slices.Clone(s.calls)
-	s.mu.Unlock()
-	if len(calls) != n {
-		t.Fatalf("%d sends, want %d", len(calls), n)
+	return recorded(t, &s.mu, &s.calls, n, func(a, b gateCall) int { return a.departed.Compare(b.departed) })
+}
+
+// recorded returns a sorted copy of the n records at *xs, read under mu.
+func recorded[T any](t *testing.T, mu *sync.Mutex, xs *[]T, n int, cmp func(a, b T) int) []T {
+	t.Helper()
+	mu.Lock()
+	out := slices.Clone(*xs)
+	mu.Unlock()
+	if len(out) != n {
+		t.Fatalf("%d records, want %d", len(out), n)
 	}
-	slices.SortFunc(calls, func(a, b gateCall) int { return a.departed.Compare(b.departed) })
-	return calls
+	slices.SortFunc(out, cmp)
+	return out
 }
 
 // TestLaneGatesWritesALeadEarly: above 1,000/s a lane whose sink gates its
@@ -242,5 +249,146 @@ func TestLaneGatedReleaseDoesNotSpin(t *testing.T) {
 		if c.opened.Before(c.departed) {
 			t.Fatalf("send %d: its gate opened %v before its departure instant", i, c.departed.Sub(c.opened))
 		}
+	}
+}
+
+// stallingSink is a gated sink whose Sends numbered in stall (0-based, in
+// the order they are called) wait stallFor before their gate, as a request
+// whose dial or TLS handshake hangs; each Send records when its gate
+// returned and the departure instant it returned at.
+type stallingSink struct {
+	stall    map[int]bool
+	stallFor time.Duration
+	stalling chan struct{} // a token when a stalled Send starts (nil: none)
+	mu       sync.Mutex
+	n        int
+	writes   []gateWrite
+}
+
+type gateWrite struct {
+	id               string
+	departed, opened time.Time
+	stalled          bool
+}
+
+func (s *stallingSink) ReportsWire() bool { return true }
+func (s *stallingSink) GatesWire() bool   { return true }
+
+func (s *stallingSink) Send(ctx context.Context, m *shaper.Message) error {
+	s.mu.Lock()
+	stalled := s.stall[s.n]
+	s.n++
+	s.mu.Unlock()
+	if stalled {
+		if s.stalling != nil {
+			s.stalling <- struct{}{}
+		}
+		time.Sleep(s.stallFor)
+	}
+	if g := shaper.GateFrom(ctx); g != nil {
+		g()
+	}
+	w := gateWrite{id: m.Key(), departed: m.Departed, opened: time.Now(), stalled: stalled}
+	shaper.WireFrom(ctx)(w.opened, true)
+	s.mu.Lock()
+	s.writes = append(s.writes, w)
+	s.mu.Unlock()
+	return nil
+}
+
+// byWrite returns the n writes s recorded, in the order they were written.
+func (s *stallingSink) byWrite(t *testing.T, n int) []gateWrite {
+	t.Helper()
+	return recorded(t, &s.mu, &s.writes, n, func(a, b gateWrite) int { return a.opened.Compare(b.opened) })
+}
+
+// TestLaneOvertakenRequestDepartsAgain: a request whose write is held past
+// maxWireWait (a dial that hangs) is overtaken: the loop departs the next
+// ones without its report (G5). At its gate it waits for a departure of
+// its own (gate.go, Lane.redepart), so that it reaches the downstream after
+// the requests that overtook it and on an instant of the pacer, never among
+// them (SPEC G1 at the downstream). Found by the review of the span floor
+// (docs/performance.md, session 32): written at once, each stalled request
+// landed between two later ones, its departure instant 80 ms old.
+func TestLaneOvertakenRequestDepartsAgain(t *testing.T) {
+	const limit, n = 4000.0, 600
+	iv := shaper.Limit(limit).Interval()
+	s := &stallingSink{stall: map[int]bool{100: true, 101: true, 300: true}, stallFor: 80 * time.Millisecond}
+	reg := prometheus.NewRegistry()
+	lm := metrics.New(reg).Lane("test", limit)
+	runPreciseLane(t, s, limit, n, WithMetrics(lm))
+	writes := s.byWrite(t, n)
+	stalled := 0
+	for i, w := range writes {
+		if w.stalled {
+			stalled++
+		}
+		if w.opened.Before(w.departed) {
+			t.Fatalf("write %d (%s) %v before its departure instant", i, w.id, w.departed.Sub(w.opened))
+		}
+		if i == 0 {
+			continue
+		}
+		// In the order of the writes, the departure instants rise by at
+		// least min_spacing intervals: no request is written among
+		// requests that departed after it.
+		p := writes[i-1]
+		if gap := w.departed.Sub(p.departed); gap < time.Duration(shaper.DefaultMinSpacing*float64(iv)) {
+			t.Errorf("write %d (%s, stalled %v) departed %v after write %d's (%s, stalled %v): a request reached the wire among later ones",
+				i, w.id, w.stalled, gap, i-1, p.id, p.stalled)
+		}
+	}
+	if stalled != 3 {
+		t.Fatalf("%d stalled writes, want 3", stalled)
+	}
+	if got := testutil.ToFloat64(lm.Overtaken); got != 3 {
+		// 100 and 101 stall together: the loop gives up on 100 when 101
+		// leaves, and on 101 when 102 leaves, 50 ms later; then on 300.
+		t.Errorf("shaper_departures_overtaken_total = %v, want 3", got)
+	}
+}
+
+// TestLaneOvertakenRequestAfterTheLoop: an overtaken request that comes to
+// its gate after the departure loop ended (a drain emptied the bucket
+// meanwhile) takes the pacer's next time itself (gate.go), after the
+// requests that overtook it, not at its departure instant of a second before.
+func TestLaneOvertakenRequestAfterTheLoop(t *testing.T) {
+	const limit, n = 4000.0, 200
+	iv := shaper.Limit(limit).Interval()
+	s := &stallingSink{stall: map[int]bool{n - 3: true}, stallFor: time.Second, stalling: make(chan struct{}, 1)}
+	cfg := laneConfig(limit)
+	cfg.Rate.Warmup = config.Warmup{ColdFactor: 1}
+	src := sourcetest.NewMem(cfg.Source.AckWait)
+	defer src.Close()
+	lm := metrics.New(prometheus.NewRegistry()).Lane("test", limit)
+	l, err := New("test", cfg, src, s, WithWaiter(NewPreciseWaiter()), WithMetrics(lm))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Publish(n)
+	l.Start()
+	select {
+	case <-s.stalling:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stalled request never came")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// The bucket empties 50 ms later and the loop ends (once the pull in
+	// progress returned); the stalled request comes to its gate after.
+	l.Drain(ctx)
+	if got := src.Count(sourcetest.Acked); got != n {
+		t.Fatalf("%d acked, want %d", got, n)
+	}
+	writes := s.byWrite(t, n)
+	last := writes[len(writes)-1]
+	if !last.stalled {
+		t.Fatalf("the last write is %s, not the stalled request", last.id)
+	}
+	if gap := last.departed.Sub(writes[len(writes)-2].departed); gap < time.Duration(shaper.DefaultMinSpacing*float64(iv)) {
+		t.Errorf("the stalled request departed %v after the last request that overtook it: written among them", gap)
+	}
+	if got := testutil.ToFloat64(lm.Overtaken); got != 1 {
+		t.Errorf("shaper_departures_overtaken_total = %v, want 1", got)
 	}
 }

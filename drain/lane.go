@@ -94,6 +94,7 @@ type Lane struct {
 	// tasks a lead early (gate.go).
 	gatesWire bool
 	gate      writeGate     // the departure instants' gate (gate.go)
+	ot        overtakes     // requests overtaken before their write (gate.go)
 	wake      chan struct{} // pacer changed (pause)
 	// lastDeparture is the time of the previous departure (gap metric);
 	// only the departure loop touches it.
@@ -154,6 +155,7 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 		slots:      newSemaphore(cfg.Task.MaxInFlight),
 		inflight:   map[*shaper.Message]struct{}{},
 		wake:       make(chan struct{}, 1),
+		ot:         overtakes{wake: make(chan struct{}, 1)},
 		fetchStop:  make(chan struct{}),
 		fetchDone:  make(chan struct{}),
 		departStop: make(chan struct{}),

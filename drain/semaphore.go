@@ -29,21 +29,27 @@ func newSemaphore(limit int) *semaphore {
 // one was freed (the zero time if never): a slot taken without waiting
 // had been free since then at the latest, or since the caller's previous
 // acquire (depart.go, readySince).
-func (s *semaphore) acquire(ctx context.Context) (unfull time.Time, waited, ok bool) {
+//
+// A token on wake (nil: none) ends the wait without a slot: got false, ok
+// true (an overtaken request at its gate, which the departure loop serves
+// first: gate.go).
+func (s *semaphore) acquire(ctx context.Context, wake <-chan struct{}) (unfull time.Time, waited, got, ok bool) {
 	for {
 		s.mu.Lock()
 		if s.n < s.limit {
 			s.n++
 			unfull = s.unfull
 			s.mu.Unlock()
-			return unfull, waited, true
+			return unfull, waited, true, true
 		}
 		s.mu.Unlock()
 		waited = true
 		select {
 		case <-s.freed:
+		case <-wake:
+			return time.Time{}, waited, false, true
 		case <-ctx.Done():
-			return time.Time{}, waited, false
+			return time.Time{}, waited, false, false
 		}
 	}
 }

@@ -20,6 +20,7 @@ func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 		if l.unwired == m {
 			l.unwired = nil
 		}
+		delete(l.ot.set, m) // overtaken, and ended before its gate (gate.go)
 		l.mu.Unlock()
 		l.m.InFlight.Dec()
 		l.slots.release()
@@ -41,11 +42,14 @@ func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 	if l.reportsWire { // only a WireReporter calls it (a closure and a context value per task otherwise)
 		ctx = shaper.WithWire(ctx, func(t time.Time, exact bool) { l.wired(m, t, exact) })
 		// A task released a lead before m.Departed waits for it at the write
-		// (gate.go); one that starts at or after it has nothing to wait for,
-		// and gets no gate (a sink may then send as it would unpaced:
-		// sinks/direct.go writes only gated requests itself).
-		if l.gatesWire && start.Before(m.Departed) {
-			ctx = shaper.WithGate(ctx, func() { l.gate.wait(m.Departed) })
+		// (gate.go). While the lane releases with a lead, one that starts
+		// after it gets the gate too: an overtaken request waits there for
+		// a departure of its own. Otherwise it gets no gate (a sink may
+		// then send as it would unpaced: sinks/direct.go writes only gated
+		// requests itself).
+		if l.gatesWire && (start.Before(m.Departed) || l.ot.lead.Load()) {
+			gctx := ctx
+			ctx = shaper.WithGate(ctx, func() { l.openGate(gctx, m) })
 		}
 	}
 	ctx = l.withRateLimitReport(ctx) // rate.adaptive.headers (adaptive.go)

@@ -62,6 +62,10 @@ type Metrics struct {
 	// departures later than the make-up allows (late) and to requests that
 	// reached the wire late (wire); shaper.Pacer.TakeForgiven.
 	LatenessForgiven *prometheus.CounterVec
+	// Overtaken is shaper_departures_overtaken_total (SPEC G1 at the
+	// downstream): requests whose write was held past the wire wait while
+	// later ones left, and that departed again before being written.
+	Overtaken *prometheus.CounterVec
 	// BreakerOpen is shaper_breaker_open (SPEC §3 Breaker).
 	BreakerOpen *prometheus.GaugeVec
 	// FairActiveKeys is shaper_fair_active_keys (bucket.fair_key): keys
@@ -195,6 +199,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Seconds by which this replica moved the shared schedule's slots not granted yet after its requests reached the wire later than the others (rate.global): rate given up so that the downstream's windows hold."}, lane),
 		LatenessForgiven: f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_departure_lateness_forgiven_seconds_total",
 			Help: "Seconds the lane's schedule gave up, by cause: late (departures later than the make-up allows: a waiter that woke late, a stalled process) and wire (requests that reached the wire late, so the next departure was pushed back). Under a backlog the lane falls short of its limit by about this × the limit."}, []string{"lane", "cause"}),
+		Overtaken: f.NewCounterVec(prometheus.CounterOpts{Name: "shaper_departures_overtaken_total",
+			Help: "Requests whose write was held longer than the wire wait (50 ms: a slow dial or TLS handshake) while later requests left, and that took a departure of their own before being written, so that they do not reach the downstream among later ones. Each leaves one departure slot unused."}, lane),
 		ReloadSuccessful: f.NewGauge(prometheus.GaugeOpts{Name: "shaper_config_last_reload_successful",
 			Help: "1 when the last configuration loaded (start, SIGHUP, a change of the file) was valid and applied, 0 when it was rejected and the running one stayed."}),
 		ReloadSuccessTime: f.NewGauge(prometheus.GaugeOpts{Name: "shaper_config_last_reload_success_timestamp_seconds",
@@ -272,6 +278,9 @@ type Lane struct {
 	// ForgivenLate and ForgivenWire add the seconds the schedule gave up
 	// to late departures and to late wire reports (shaper.Pacer.TakeForgiven).
 	ForgivenLate, ForgivenWire prometheus.Counter
+	// Overtaken counts requests that departed again after later ones
+	// overtook them (drain/gate.go).
+	Overtaken prometheus.Counter
 	// BreakerOpen is 1 while the lane's breaker is open (SPEC §3 Breaker).
 	BreakerOpen prometheus.Gauge
 	// FairActiveKeys is the number of keys waiting (bucket.fair_key).
@@ -310,6 +319,7 @@ func (m *Metrics) Lane(name string, limit float64) *Lane {
 		ScheduleDelayed: m.ScheduleDelayed.WithLabelValues(name),
 		ForgivenLate:    m.LatenessForgiven.WithLabelValues(name, "late"),
 		ForgivenWire:    m.LatenessForgiven.WithLabelValues(name, "wire"),
+		Overtaken:       m.Overtaken.WithLabelValues(name),
 		BreakerOpen:     m.BreakerOpen.WithLabelValues(name),
 		FairActiveKeys:  m.FairActiveKeys.WithLabelValues(name),
 		FairQueueWait:   map[string]prometheus.Observer{},
@@ -347,7 +357,7 @@ func (m *Metrics) Remove(name string) {
 	}{
 		m.BucketDepth, m.BucketCapacity, m.RateLimit, m.InFlight, m.Admitted, m.Departures,
 		m.Deliveries, m.DeadLetters, m.Retries, m.QueueWait, m.TaskDuration, m.Paused,
-		m.Fallback, m.Redelivered, m.SlotsDropped, m.ScheduleDelayed, m.LatenessForgiven, m.BreakerOpen, m.FairActiveKeys, m.FairQueueWait,
+		m.Fallback, m.Redelivered, m.SlotsDropped, m.ScheduleDelayed, m.LatenessForgiven, m.Overtaken, m.BreakerOpen, m.FairActiveKeys, m.FairQueueWait,
 	} {
 		v.DeletePartialMatch(match)
 	}

@@ -23,6 +23,7 @@ func TestSeriesExistFromStart(t *testing.T) {
 		"shaper_lane_paused": 1, "shaper_global_limiter_fallback": 1,
 		"shaper_global_slots_dropped_total": 1, "shaper_global_schedule_delayed_seconds_total": 1,
 		"shaper_departure_lateness_forgiven_seconds_total": 2, // late, wire
+		"shaper_departures_overtaken_total":                1,
 		"shaper_retries_total":                             len(RetryReasons), "shaper_redelivered_messages_total": 1,
 		LatenessName: 1, GapName: 1, "shaper_breaker_open": 1,
 		"shaper_fair_active_keys": 1, "shaper_fair_queue_wait_seconds": len(FairClasses),

@@ -661,9 +661,10 @@ func spanFirst(iv time.Duration, minSpacing float64) int {
 // a review helper measured 1.2–1.4 % of the rate at 1,500–10,000/s for a
 // constant 16 µs (what the HTTP sink's gate and write take at the median).
 //
-// A limit: a request whose write is held past maxWireWait (the loop then
-// departs the next ones without its report) can reach the downstream after
-// them and break a window; the tiles have the same limit.
+// A request whose write is held past maxWireWait (the loop then departs
+// the next ones without its report) would reach the downstream among them
+// and break a window, as it would the tiles: a gated lane departs it again
+// before it is written (drain/gate.go, overtaken requests).
 //
 // Only a lane whose sink gates its writes holds its departures to it
 // (drain.Lane.departureAt): the floor counts the whole delay from a
