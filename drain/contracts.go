@@ -59,15 +59,19 @@ type WireReporter interface {
 	ReportsWire() bool
 }
 
-// WireGater is implemented by WireReporters that call the function of
-// shaper.WithGate before the first byte of each request is written, on
-// every path a request can take (sinks.HTTP with its own transport: in the
-// connection's Write for HTTP/1.1, when the connection is got for
-// HTTP/2). GatesWire reports whether this sink does. For them the lane
-// releases a departure up to a lead before its instant above 1,000/s, and
-// the request waits at the gate (drain/gate.go). A sink that says true and
-// writes before the gate returns lets the downstream see a request up to
-// the lead early: SPEC G1's windows at the downstream no longer hold.
+// WireGater is implemented by WireReporters that call the Wait of the
+// shaper.Gate of shaper.WithGate before the first byte of each attempt to
+// write a request, on every path a request can take (sinks.HTTP with its
+// own transport: in the connection's Write for HTTP/1.1, when the
+// connection is got for HTTP/2), write nothing once the task's context
+// ended, and Yield when a request will not be written at its departure (a
+// wait for a credential). GatesWire reports whether this sink does. For
+// them the lane releases a departure up to a lead before its instant above
+// 1,000/s, the request waits at the gate, and a request overtaken by later
+// departures waits there for a departure of its own (drain/gate.go). A sink
+// that says true and writes before the gate returns lets the downstream see
+// a request early, or among later ones: SPEC G1's windows at the downstream
+// no longer hold.
 type WireGater interface {
 	GatesWire() bool
 }

@@ -77,7 +77,7 @@ func (l *Lane) nextDeparture(ctx context.Context) (*shaper.Message, time.Time, b
 	// instant (SPEC §3 Max age: after every wait; an expired message
 	// takes no departure slot, the next one leaves in its place).
 	m, empty := l.popDeliverable(now)
-	if m == nil { // all expired (or, cannot happen, popped by another)
+	if m == nil { // all expired, or the previous request began its write after the loop looked
 		l.slots.release()
 		return nil, now, true
 	}
@@ -213,9 +213,6 @@ func (l *Lane) departureAt(now time.Time) (at time.Time, lead time.Duration) {
 	}
 	if l.gatesWire && rate > 0 {
 		lead = gateLead(shaper.Limit(rate).Interval())
-		if on := lead > 0; l.ot.lead.Load() != on {
-			l.ot.lead.Store(on)
-		}
 	}
 	at = l.pacer.Next(now)
 	if l.gatesWire {
@@ -233,15 +230,33 @@ func (l *Lane) departureAt(now time.Time) (at time.Time, lead time.Duration) {
 	if until, held := l.quotaUntil(now, at); held && until.After(at) {
 		at = until // rate.quota (quota.go)
 	}
-	if l.unwired != nil {
-		if rate > 0 {
-			bound := max(maxWireWait, shaper.Limit(rate).Interval())
-			if w := l.departedAt.Add(bound); w.After(at) {
-				at = w
-			}
-		}
+	if w, held := l.wireHold(rate); held && w.After(at) {
+		at = w
 	}
 	return at, lead
+}
+
+// wireHold is when the wait for the previous request's write ends
+// (WireReporter): maxWireWait or an interval after its departure, or after
+// its gate opened late (gate.go); false when there is none. l.mu held; rate
+// is the pacer's.
+func (l *Lane) wireHold(rate float64) (time.Time, bool) {
+	if l.unwired == nil || rate <= 0 {
+		return time.Time{}, false
+	}
+	return l.departedAt.Add(max(maxWireWait, shaper.Limit(rate).Interval())), true
+}
+
+// wireHeldAt reports whether a departure at now must still wait for the
+// previous request's write: its gate opened after the loop's look, so the
+// request is being written (gate.go: a departure now would overtake it
+// mid-write). l.mu held.
+func (l *Lane) wireHeldAt(now time.Time) bool {
+	if l.unwired == nil {
+		return false
+	}
+	w, held := l.wireHold(l.pacer.Rate(now))
+	return held && w.After(now)
 }
 
 // depart records m's departure at now (ready: when the loop was ready;
@@ -363,6 +378,10 @@ func (l *Lane) awaitHead(ctx context.Context) (head *shaper.Message, waited, ok 
 func (l *Lane) popDeliverable(now time.Time) (*shaper.Message, bool) {
 	l.sweepExpired(now, true)
 	l.mu.Lock()
+	if l.wireHeldAt(now) { // the previous request's write began after the loop's look
+		l.mu.Unlock()
+		return nil, false
+	}
 	m, empty := l.bucket.Pop()
 	if m == nil {
 		l.mu.Unlock()

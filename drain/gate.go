@@ -107,20 +107,37 @@ func (g *writeGate) close() {
 // or a TLS handshake that hangs must not hold the lane (G5). The request it
 // gave up on is overtaken. Written when its connection finally came, it
 // would reach the downstream among later requests, one more than G1 allows
-// in their windows: its own departure instant long past, its gate would
-// have nothing to hold. So a gated lane marks it when the next one leaves
-// (overtake), and at its gate it waits for a departure of its own
-// (redepart, the first the loop serves), and is written at that instant.
-// The slot it departed in stays unused: G1 keeps holding at the downstream,
-// and the lane gives up one departure for each (shaper_departures_overtaken_total).
-// Found by a review of the span floor (docs/performance.md, session 32);
-// TestLaneOvertakenRequestDepartsAgain.
+// in their windows, or closer than min_spacing to one of them: its own
+// departure instant long past, its gate would have nothing to hold. So a
+// gated lane marks it when the next one leaves (overtake), and at its gate
+// it waits for a departure of its own (redepart, which the loop serves
+// before the bucket's head), and is written at that instant. The same holds
+// for a request that yields (shaper.Gate.Yield): the HTTP sink's request
+// that waits for an OAuth2 token (sinks/auth.go), or that is sent a second
+// time on a fresh connection. The slot it departed in stays unused: G1
+// keeps holding at the downstream, and the lane gives up one departure for
+// each (shaper_departures_overtaken_total). Found by the review of the span
+// floor (docs/performance.md, sessions 32–33); TestLaneOvertakenRequestDepartsAgain.
 //
-// When the task's timeout ends the wait first, the gate returns and the
-// sink's write fails on the ended context (its deadline is the connection's,
-// direct.go; the transport closes the connection). When the departure loop
-// has ended (a drain emptied the bucket, a stop), the request takes the
-// pacer's next time itself.
+// When the task's context ends first (its timeout, a stop), the gate
+// returns and the sink does not write (shaper.Gate). When the departure
+// loop has ended (a drain emptied the bucket, a stop), the request takes
+// the pacer's next time itself.
+
+// taskGate is a task's shaper.Gate: the lane, the task's message and its
+// context.
+type taskGate struct {
+	l   *Lane
+	m   *shaper.Message
+	ctx context.Context
+}
+
+// Wait returns at the departure instant of g's request (openGate).
+func (g *taskGate) Wait() { g.l.openGate(g.ctx, g.m) }
+
+// Yield lets the next departures go without the request's write, and makes
+// its next Wait wait for a departure of its own.
+func (g *taskGate) Yield() { g.l.yieldWire(g.m) }
 
 // redeparture is an overtaken request waiting at its gate.
 type redeparture struct {
@@ -133,17 +150,13 @@ type redeparture struct {
 // overtakes is a gated lane's state for overtaken requests.
 type overtakes struct {
 	set   map[*shaper.Message]struct{} // overtaken, their gate not reached; l.mu
-	queue []*redeparture               // at their gate, in order; l.mu
-	n     atomic.Int32                 // len(queue): the loop looks without l.mu
+	queue []*redeparture               // at their gate, in order (gone ones too); l.mu
+	n     atomic.Int32                 // the queue's waiting ones: the loop looks without l.mu
 	wake  chan struct{}                // a request joined the queue
-	// lead: the lane releases departures a lead early (above 1,000/s),
-	// and every task gets the gate, also one whose worker started after
-	// its instant: the gate is where an overtaken request is held.
-	lead atomic.Bool
 }
 
-// overtake marks u, the previous departure whose write was not reported,
-// when the next one leaves (l.mu held; a gated lane).
+// overtake marks u, a departed request whose write was not reported, when
+// the next one leaves or when it yields (l.mu held; a gated lane).
 func (l *Lane) overtake(u *shaper.Message) {
 	if l.ot.set == nil {
 		l.ot.set = make(map[*shaper.Message]struct{})
@@ -151,16 +164,28 @@ func (l *Lane) overtake(u *shaper.Message) {
 	l.ot.set[u] = struct{}{}
 }
 
-// openGate is the gate of m's task (shaper.WithGate): it returns at m's
+// yieldWire is shaper.Gate.Yield for m's task.
+func (l *Lane) yieldWire(m *shaper.Message) {
+	l.mu.Lock()
+	if l.unwired == m {
+		l.unwired = nil // the next departure does not wait for m's write
+	}
+	l.overtake(m)
+	l.mu.Unlock()
+	notify(l.wake)
+}
+
+// openGate is the gate of m's task (shaper.Gate.Wait): it returns at m's
 // departure instant, or, when m was overtaken, at the instant of a
-// departure of its own; ctx is the task's.
+// departure of its own; at once when ctx (the task's) ends.
 func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 	now := time.Now()
 	l.mu.Lock()
 	if _, over := l.ot.set[m]; !over {
 		if l.unwired == m && now.After(l.departedAt) {
 			// Its write starts now: the loop waits for it anew, so that
-			// the next one cannot leave while it is being written.
+			// the next one cannot leave while it is being written
+			// (popDeliverable looks again under l.mu).
 			l.departedAt = now
 		}
 		at := m.Departed
@@ -173,7 +198,6 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 	l.ot.queue = append(l.ot.queue, r)
 	l.ot.n.Add(1)
 	l.mu.Unlock()
-	l.m.Overtaken.Inc()
 	notify(l.ot.wake)
 	select {
 	case <-r.ready:
@@ -181,22 +205,45 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 	case <-l.departDone:
 	}
 	l.mu.Lock()
-	if !r.taken {
-		r.gone = true
-		if ctx.Err() == nil { // the loop ended: the pacer's next time
-			now = time.Now()
-			at := l.pacer.Next(now)
-			if f := l.pacer.WireFloor(now); f.After(at) {
-				at = f
-			}
-			l.pacer.Depart(at, at)
-			m.Departed = at
-			l.m.Departures.Inc()
-		}
+	if r.taken {
+		at := m.Departed
+		l.mu.Unlock()
+		l.gate.wait(at)
+		return
 	}
-	at := m.Departed
+	r.gone = true
+	l.ot.n.Add(-1)
+	if ctx.Err() != nil {
+		l.mu.Unlock()
+		notify(l.wake) // a loop held in redepart looks again (a drain may end)
+		return
+	}
+	// The loop ended: the pacer's next time (a pause's end included).
+	now = time.Now()
+	at := l.pacer.Next(now)
+	if f := l.pacer.WireFloor(now); f.After(at) {
+		at = f
+	}
+	prev := l.departAgain(m, at, at, at)
 	l.mu.Unlock()
-	l.gate.wait(at)
+	l.m.Overtaken.Inc()
+	l.departedAgain(m, prev, at, at)
+	waitUntil(ctx, at)
+}
+
+// waitUntil waits until at or the end of ctx, on a runtime timer (late by
+// up to a millisecond or so, never early).
+func waitUntil(ctx context.Context, at time.Time) {
+	d := time.Until(at)
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // redepart departs the first overtaken request waiting at its gate, at the
@@ -208,7 +255,7 @@ func (l *Lane) redepart(ctx context.Context) (*shaper.Message, time.Time, bool) 
 	if !ok {
 		return nil, time.Time{}, false
 	}
-	if gone { // the bucket is empty: look again
+	if gone { // woken with the bucket empty: look again (the request may have gone)
 		return nil, now, true
 	}
 	l.mu.Lock()
@@ -217,31 +264,49 @@ func (l *Lane) redepart(ctx context.Context) (*shaper.Message, time.Time, bool) 
 		r = l.ot.queue[0]
 		l.ot.queue[0] = nil
 		l.ot.queue = l.ot.queue[1:]
-		l.ot.n.Add(-1)
 		if r.gone {
 			r = nil
 		}
 	}
-	if r == nil {
+	if r == nil || l.wireHeldAt(now) {
+		if r != nil { // a write began after the loop's look: back to the head
+			l.ot.queue = append([]*redeparture{r}, l.ot.queue...)
+		}
 		l.mu.Unlock()
 		return nil, now, true
 	}
+	l.ot.n.Add(-1)
 	r.taken = true
-	prev := l.lastDeparture
+	prev := l.departAgain(r.m, ready, now, scheduled)
+	l.mu.Unlock()
+	close(r.ready)
+	l.m.Overtaken.Inc()
+	l.departedAgain(r.m, prev, now, scheduled)
+	return nil, now, true
+}
+
+// departAgain records the departure of m, an overtaken request, at now in
+// the pacer, the quota and the breaker (the loop's lastDeparture too), and
+// returns the previous departure's time (l.mu held). m keeps its task slot
+// and its place in the in-flight count.
+func (l *Lane) departAgain(m *shaper.Message, ready, now, scheduled time.Time) (prev time.Time) {
+	prev = l.lastDeparture
 	l.lastDeparture = now
 	l.pacer.Depart(l.quotaReady(ready, now), now)
 	l.countForgiven()
 	l.quotaDepart(now)
-	l.breakerDeparts(r.m, now)
-	r.m.Departed = now
-	l.wireDeparts(r.m, now)
-	l.mu.Unlock()
-	close(r.ready)
+	l.breakerDeparts(m, now)
+	m.Departed = now
+	l.wireDeparts(m, now)
+	return prev
+}
+
+// departedAgain counts m's new departure at now in the departure metrics.
+func (l *Lane) departedAgain(m *shaper.Message, prev, now, scheduled time.Time) {
 	l.m.Departures.Inc()
 	l.m.Lateness.Observe(max(0, now.Sub(scheduled)).Seconds())
 	if !prev.IsZero() {
 		l.m.Gap.Observe(now.Sub(prev).Seconds())
 	}
-	l.recent.depart(now, now.Sub(r.m.Admitted))
-	return nil, now, true
+	l.recent.depart(now, now.Sub(m.Admitted))
 }

@@ -42,7 +42,7 @@ func (s *gatingSink) Send(ctx context.Context, m *shaper.Message) error {
 	c := gateCall{departed: m.Departed, called: time.Now()}
 	if g := shaper.GateFrom(ctx); g != nil {
 		c.gated = true
-		g()
+		g.Wait()
 	}
 	c.opened = time.Now()
 	c.wired = c.opened
@@ -110,10 +110,10 @@ func recorded[T any](t *testing.T, mu *sync.Mutex, xs *[]T, n int, cmp func(a, b
 // instant (drain/gate.go) and hands it a gate that returns at that instant,
 // never before: so nothing reaches the downstream before its departure, and
 // the departures keep SPEC G1's spacing as the pacer set it. A sink that does
-// not gate gets no gate and no task before its departure; nor does a lane at
-// 1,000/s or less, nor a lane on the shared schedule (rate.global): a task
-// that starts at or after its departure gets no gate (the HTTP sink then
-// sends through its transport, as unpaced: sinks/direct.go).
+// not gate gets no gate and no task before its departure; nor does a lane on
+// the shared schedule (rate.global). At 1,000/s or less no task starts
+// before its departure, and each carries the gate (where an overtaken
+// request waits for a departure of its own).
 func TestLaneGatesWritesALeadEarly(t *testing.T) {
 	const limit, n = 4000.0, 2000
 	iv := shaper.Limit(limit).Interval()
@@ -161,8 +161,10 @@ func TestLaneGatesWritesALeadEarly(t *testing.T) {
 			if c.called.Before(c.departed) {
 				t.Fatalf("%s: send %d called %v before its departure", tc.name, i, c.departed.Sub(c.called))
 			}
-			if c.gated {
-				t.Fatalf("%s: send %d had a gate (it was not released early)", tc.name, i)
+			// A gating sink's tasks carry the gate at every rate (an
+			// overtaken request waits there, gate.go); the others none.
+			if want := tc.sink.gates && tc.opts == nil; c.gated != want {
+				t.Fatalf("%s: send %d had a gate: %v, want %v", tc.name, i, c.gated, want)
 			}
 		}
 	}
@@ -285,8 +287,17 @@ func (s *stallingSink) Send(ctx context.Context, m *shaper.Message) error {
 		}
 		time.Sleep(s.stallFor)
 	}
+	return s.write(ctx, m, stalled)
+}
+
+// write waits at m's gate and records its write (stalled: marked so), as
+// the HTTP sink does: nothing is written once the task's context ended.
+func (s *stallingSink) write(ctx context.Context, m *shaper.Message, stalled bool) error {
 	if g := shaper.GateFrom(ctx); g != nil {
-		g()
+		g.Wait()
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	w := gateWrite{id: m.Key(), departed: m.Departed, opened: time.Now(), stalled: stalled}
 	shaper.WireFrom(ctx)(w.opened, true)
@@ -341,10 +352,11 @@ func TestLaneOvertakenRequestDepartsAgain(t *testing.T) {
 	if stalled != 3 {
 		t.Fatalf("%d stalled writes, want 3", stalled)
 	}
-	if got := testutil.ToFloat64(lm.Overtaken); got != 3 {
+	if got := testutil.ToFloat64(lm.Overtaken); got < 3 {
 		// 100 and 101 stall together: the loop gives up on 100 when 101
 		// leaves, and on 101 when 102 leaves, 50 ms later; then on 300.
-		t.Errorf("shaper_departures_overtaken_total = %v, want 3", got)
+		// (A request of this busy machine's held as long counts too.)
+		t.Errorf("shaper_departures_overtaken_total = %v, want at least 3", got)
 	}
 }
 
@@ -356,22 +368,7 @@ func TestLaneOvertakenRequestAfterTheLoop(t *testing.T) {
 	const limit, n = 4000.0, 200
 	iv := shaper.Limit(limit).Interval()
 	s := &stallingSink{stall: map[int]bool{n - 3: true}, stallFor: time.Second, stalling: make(chan struct{}, 1)}
-	cfg := laneConfig(limit)
-	cfg.Rate.Warmup = config.Warmup{ColdFactor: 1}
-	src := sourcetest.NewMem(cfg.Source.AckWait)
-	defer src.Close()
-	lm := metrics.New(prometheus.NewRegistry()).Lane("test", limit)
-	l, err := New("test", cfg, src, s, WithWaiter(NewPreciseWaiter()), WithMetrics(lm))
-	if err != nil {
-		t.Fatal(err)
-	}
-	src.Publish(n)
-	l.Start()
-	select {
-	case <-s.stalling:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the stalled request never came")
-	}
+	l, src, lm := startStalledLane(t, s, n, 5*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	// The bucket empties 50 ms later and the loop ends (once the pull in
@@ -390,5 +387,177 @@ func TestLaneOvertakenRequestAfterTheLoop(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(lm.Overtaken); got != 1 {
 		t.Errorf("shaper_departures_overtaken_total = %v, want 1", got)
+	}
+}
+
+// startStalledLane starts a lane at 4,000/s (task.timeout taskTimeout)
+// over n in-memory messages into s, and returns once s's stalled request
+// started; the source is closed at the test's end.
+func startStalledLane(t *testing.T, s *stallingSink, n int, taskTimeout time.Duration) (*Lane, *sourcetest.Mem, *metrics.Lane) {
+	t.Helper()
+	const limit = 4000.0
+	cfg := laneConfig(limit)
+	cfg.Rate.Warmup = config.Warmup{ColdFactor: 1}
+	cfg.Task.Timeout = taskTimeout
+	src := sourcetest.NewMem(cfg.Source.AckWait)
+	t.Cleanup(src.Close)
+	lm := metrics.New(prometheus.NewRegistry()).Lane("test", limit)
+	l, err := New("test", cfg, src, s, WithWaiter(NewPreciseWaiter()), WithMetrics(lm))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Publish(n)
+	l.Start()
+	select {
+	case <-s.stalling:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stalled request never came")
+	}
+	return l, src, lm
+}
+
+// runStalledDrain starts a lane over n messages into s (startStalledLane),
+// waits for hold more, pauses the lane for pause (a Retry-After), and
+// drains it with a context of drainFor; it returns how long Drain took.
+func runStalledDrain(t *testing.T, s *stallingSink, n int, taskTimeout, hold, pause, drainFor time.Duration) time.Duration {
+	t.Helper()
+	l, _, _ := startStalledLane(t, s, n, taskTimeout)
+	time.Sleep(hold)
+	l.Pause(time.Now().Add(pause))
+	ctx, cancel := context.WithTimeout(context.Background(), drainFor)
+	defer cancel()
+	t0 := time.Now()
+	l.Drain(ctx)
+	return time.Since(t0)
+}
+
+// TestLaneOvertakenWaitEndsWithTheTask: an overtaken request that comes to
+// its gate while the lane is paused (a Retry-After of 3 s) after the
+// departure loop ended (a drain) waits for the pause's end at most until
+// its task's timeout (1 s), and is not written (found by review: it waited
+// the whole pause, and Drain with it).
+func TestLaneOvertakenWaitEndsWithTheTask(t *testing.T) {
+	const n = 200
+	s := &stallingSink{stall: map[int]bool{n - 3: true}, stallFor: 150 * time.Millisecond, stalling: make(chan struct{}, 1)}
+	took := runStalledDrain(t, s, n, time.Second, 60*time.Millisecond, 3*time.Second, 100*time.Millisecond)
+	if took > 1500*time.Millisecond {
+		t.Errorf("Drain took %v: an overtaken request waited at its gate past its task timeout (1 s)", took)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range s.writes {
+		if w.stalled {
+			t.Errorf("the stalled request was written %v after its departure instant, in the pause", w.opened.Sub(w.departed))
+		}
+	}
+}
+
+// TestLaneDrainEndsWithAnOvertakenRequestGone: a drain with the bucket
+// empty ends when the only overtaken request at its gate gives up (its task
+// timed out, 300 ms) while the lane is paused for 4 s, not when the drain's
+// context ends (found by review: the loop stayed in its wait for the pause,
+// and Drain took its whole 2.5 s).
+func TestLaneDrainEndsWithAnOvertakenRequestGone(t *testing.T) {
+	const n = 200
+	s := &stallingSink{stall: map[int]bool{n - 3: true}, stallFor: 100 * time.Millisecond, stalling: make(chan struct{}, 1)}
+	took := runStalledDrain(t, s, n, 300*time.Millisecond, 60*time.Millisecond, 4*time.Second, 2500*time.Millisecond)
+	if took > 1500*time.Millisecond {
+		t.Errorf("Drain took %v with the bucket empty and every task ended by ~0.4 s", took)
+	}
+}
+
+// yieldingSink is a gated sink whose first yields Sends yield
+// (shaper.Gate.Yield, as the HTTP sink's request waiting for an OAuth2
+// token does) and wait until release; then every Send waits at its gate
+// and records its write.
+type yieldingSink struct {
+	stallingSink
+	yields  int
+	release time.Time
+}
+
+func (s *yieldingSink) Send(ctx context.Context, m *shaper.Message) error {
+	s.mu.Lock()
+	yield := s.n < s.yields
+	s.n++
+	s.mu.Unlock()
+	if yield {
+		shaper.GateFrom(ctx).Yield()
+		time.Sleep(time.Until(s.release))
+	}
+	return s.write(ctx, m, yield)
+}
+
+// TestLaneYieldedRequestsDepartAgain: at 200/s (no lead, every task gated)
+// the first 10 requests yield and wait 150 ms for a credential (8 at once,
+// max_in_flight); the next ones do not wait for their writes (G5), and the
+// 10 are written one by one on
+// departures of their own, after the requests that left meanwhile, never
+// together when the credential comes (SPEC G1 spacing at the downstream).
+func TestLaneYieldedRequestsDepartAgain(t *testing.T) {
+	const limit, n = 200.0, 100
+	iv := shaper.Limit(limit).Interval()
+	s := &yieldingSink{yields: 10, release: time.Now().Add(150 * time.Millisecond)}
+	lm := metrics.New(prometheus.NewRegistry()).Lane("test", limit)
+	runPreciseLane(t, s, limit, n, WithMetrics(lm))
+	writes := s.byWrite(t, n)
+	for i := 1; i < len(writes); i++ {
+		w, p := writes[i], writes[i-1]
+		if w.opened.Before(w.departed) {
+			t.Fatalf("write %d (%s) %v before its departure instant", i, w.id, w.departed.Sub(w.opened))
+		}
+		if gap := w.departed.Sub(p.departed); gap < time.Duration(shaper.DefaultMinSpacing*float64(iv)) {
+			t.Errorf("write %d (%s, yielded %v) departed %v after write %d's (%s, yielded %v): under min_spacing",
+				i, w.id, w.stalled, gap, i-1, p.id, p.stalled)
+		}
+	}
+	if got := testutil.ToFloat64(lm.Overtaken); got != 10 {
+		t.Errorf("shaper_departures_overtaken_total = %v, want 10", got)
+	}
+}
+
+// TestLaneDepartureLooksAgainAtAWriteUnderWay: the loop decides that the
+// wait for the previous request's write is over (departureAt) and pops the
+// next message (popDeliverable) in two sections of l.mu. A gate that opens
+// between them (the request's connection came just then) starts the write:
+// the departure must wait for it, not leave and overtake it mid-write, which
+// would put both requests on the wire within microseconds (found by review;
+// too narrow a window to meet by timing, so the two steps are called here
+// in that order).
+func TestLaneDepartureLooksAgainAtAWriteUnderWay(t *testing.T) {
+	const limit = 4000.0
+	cfg := laneConfig(limit)
+	cfg.Rate.Warmup = config.Warmup{ColdFactor: 1}
+	src := sourcetest.NewMem(cfg.Source.AckWait)
+	defer src.Close()
+	l, err := New("test", cfg, src, &gatingSink{gates: true}, WithWaiter(NewPreciseWaiter()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.gatesWire {
+		t.Fatal("the lane does not gate its writes")
+	}
+	now := time.Now()
+	for i := range 2 {
+		m := &shaper.Message{Subject: "jobs", Data: []byte{byte(i)}}
+		if _, err := l.bucket.Admit(m, now, false, limit, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := &shaper.Message{Subject: "jobs", Departed: now.Add(-60 * time.Millisecond)}
+	l.mu.Lock()
+	l.unwired, l.departedAt = held, held.Departed // its write not reported for 60 ms
+	l.mu.Unlock()
+	at, _ := l.departureAt(now)
+	if at.After(now) {
+		t.Fatalf("departureAt held the departure %v: the wait for the write should be over", at.Sub(now))
+	}
+	l.openGate(context.Background(), held) // its connection came: the write starts
+	if m, _ := l.popDeliverable(now); m != nil {
+		l.mu.Unlock()
+		t.Fatal("a departure left while the previous request was being written")
+	}
+	if at, _ := l.departureAt(now); !at.After(now) {
+		t.Errorf("departureAt does not wait for the write under way")
 	}
 }

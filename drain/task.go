@@ -41,15 +41,11 @@ func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 	var ctx context.Context = tctx
 	if l.reportsWire { // only a WireReporter calls it (a closure and a context value per task otherwise)
 		ctx = shaper.WithWire(ctx, func(t time.Time, exact bool) { l.wired(m, t, exact) })
-		// A task released a lead before m.Departed waits for it at the write
-		// (gate.go). While the lane releases with a lead, one that starts
-		// after it gets the gate too: an overtaken request waits there for
-		// a departure of its own. Otherwise it gets no gate (a sink may
-		// then send as it would unpaced: sinks/direct.go writes only gated
-		// requests itself).
-		if l.gatesWire && (start.Before(m.Departed) || l.ot.lead.Load()) {
-			gctx := ctx
-			ctx = shaper.WithGate(ctx, func() { l.openGate(gctx, m) })
+		// A task released a lead before m.Departed waits for it at the
+		// write (gate.go); at every rate an overtaken request waits there
+		// for a departure of its own.
+		if l.gatesWire {
+			ctx = shaper.WithGate(ctx, &taskGate{l: l, m: m, ctx: ctx})
 		}
 	}
 	ctx = l.withRateLimitReport(ctx) // rate.adaptive.headers (adaptive.go)

@@ -33,19 +33,45 @@ func WireFrom(ctx context.Context) func(at time.Time, exact bool) {
 
 type gateKey struct{}
 
-// WithGate returns a context carrying fn, which a sink that gates its
-// writes (drain.WireGater) calls once per request, just before the first
-// byte of the request is written, and which returns at the request's
-// departure instant. The lane released the task up to a lead earlier, so
-// that the request waits at the gate instead of on its way to the
-// connection (drain/gate.go); the downstream then sees it no earlier than
-// the departure, which SPEC G1's proofs count from (Pacer.Wire, the tiles).
-func WithGate(ctx context.Context, fn func()) context.Context {
-	return context.WithValue(ctx, gateKey{}, fn)
+// Gate is what a lane hands a sink that gates its writes (drain.WireGater),
+// through WithGate.
+type Gate interface {
+	// Wait is called just before the first byte of each attempt to write
+	// the request (a retry on a fresh connection calls it again), and
+	// returns at the request's departure instant. The lane released the
+	// task up to a lead earlier, so that the request waits here instead of
+	// on its way to the connection (drain/gate.go); the downstream then
+	// sees it no earlier than the departure, which SPEC G1's proofs count
+	// from (Pacer.Wire, the tiles). A request whose write was held so long
+	// that later requests left before it (overtaken) waits here for a
+	// departure of its own. Wait returns early when the task's context
+	// ends; the sink must then not write.
+	Wait()
+	// Yield tells the lane the request will not be written at its
+	// departure (it waits for a credential, or it is about to be sent a
+	// second time): the next departures do not wait for its write, and its
+	// next Wait waits for a departure of its own (SPEC G5, and G1 at the
+	// downstream).
+	Yield()
 }
 
-// GateFrom returns the function set by WithGate, or nil.
-func GateFrom(ctx context.Context) func() {
-	fn, _ := ctx.Value(gateKey{}).(func())
-	return fn
+// GateFunc is a Gate whose Wait calls the function and whose Yield does
+// nothing (tests, and sinks' own tests of their gate).
+type GateFunc func()
+
+// Wait calls f.
+func (f GateFunc) Wait() { f() }
+
+// Yield does nothing.
+func (f GateFunc) Yield() {}
+
+// WithGate returns a context carrying g for a sink that gates its writes.
+func WithGate(ctx context.Context, g Gate) context.Context {
+	return context.WithValue(ctx, gateKey{}, g)
+}
+
+// GateFrom returns the Gate set by WithGate, or nil.
+func GateFrom(ctx context.Context) Gate {
+	g, _ := ctx.Value(gateKey{}).(Gate)
+	return g
 }

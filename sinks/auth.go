@@ -243,19 +243,25 @@ func (s *HTTP) do(ctx context.Context, req *http.Request) (*http.Response, error
 	}
 	cred, ok := s.auth.ready()
 	if !ok {
-		if wire := shaper.WireFrom(ctx); wire != nil {
-			wire(time.Now(), false)
+		// The wait for a credential must not hold the next departures
+		// (G5). A gated lane is told the request yields: the next ones
+		// leave, and this one waits at its gate, before its write, for a
+		// departure of its own (drain/gate.go), so that the requests that
+		// waited for the token do not reach the downstream together when
+		// it comes (G1; TestOAuth2FirstTokenKeepsSpacing). Otherwise the
+		// lane is told the request is on its way, and the trace comes off
+		// (the wire is reported).
+		if gate := shaper.GateFrom(ctx); gate != nil {
+			gate.Yield()
+		} else {
+			if wire := shaper.WireFrom(ctx); wire != nil {
+				wire(time.Now(), false)
+			}
+			req = req.WithContext(ctx)
 		}
-		req = req.WithContext(ctx) // without the trace: the wire is reported
 		var err error
 		if cred, err = s.auth.wait(ctx); err != nil {
 			return nil, fmt.Errorf("auth: %w", err)
-		}
-		// Without the trace, nothing holds the write for its departure
-		// instant: wait here (shaper.WithGate; a token that came within
-		// the lead sent it early, found by review).
-		if gate := shaper.GateFrom(ctx); gate != nil {
-			gate()
 		}
 	}
 	req.Header.Set(AuthorizationHeader, cred)

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/shaper-dev/shaper/shaper"
 )
 
 // direct sends a gated HTTP/1.1 request on the task's own goroutine: the
@@ -27,8 +29,9 @@ import (
 //
 // It is used only where the transport would do the same and the gate
 // matters: a plain http:// URL with no proxy, through the sink's own
-// transport (its dialer settings), for a request whose lane gates writes
-// (above 1,000/s). Everything else — TLS and HTTP/2, proxies, a caller's
+// transport (its dialer settings), for a request that carries its lane's
+// gate (shaper.WithGate: every task of a lane whose sink gates its writes,
+// at every rate). Everything else — TLS and HTTP/2, proxies, a caller's
 // client, a lane that does not gate — goes through the transport as before.
 type direct struct {
 	dialer  *net.Dialer
@@ -64,7 +67,7 @@ var directBuf = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // connection is checked before it is used (get), so one the server closed
 // while idle is not written into. A failure is the request's: the lane
 // retries it (a redelivery).
-func (d *direct) roundTrip(req *http.Request, gate func(), wire func(time.Time, bool)) (*http.Response, error) {
+func (d *direct) roundTrip(req *http.Request, gate shaper.Gate, wire func(time.Time, bool)) (*http.Response, error) {
 	ctx := req.Context()
 	buf := directBuf.Get().(*bytes.Buffer)
 	buf.Reset()
@@ -79,7 +82,12 @@ func (d *direct) roundTrip(req *http.Request, gate func(), wire func(time.Time, 
 	}
 	stop := c.watch(ctx)
 	if gate != nil {
-		gate()
+		gate.Wait()
+		if err := ctx.Err(); err != nil { // the task ended at the gate: nothing is written
+			stop()
+			_ = c.Close()
+			return nil, err
+		}
 	}
 	var resp *http.Response
 	if _, err = c.Write(buf.Bytes()); err == nil {

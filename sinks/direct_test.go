@@ -33,7 +33,7 @@ func (g *gatedSink) Send(ctx context.Context, m *shaper.Message) error {
 			g.exact.Add(1)
 		}
 	})
-	ctx = shaper.WithGate(ctx, func() { g.gates.Add(1) })
+	ctx = shaper.WithGate(ctx, shaper.GateFunc(func() { g.gates.Add(1) }))
 	return g.HTTP.Send(ctx, m)
 }
 

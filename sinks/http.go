@@ -287,11 +287,16 @@ type wireConn struct {
 
 func (c *wireConn) Write(b []byte) (int, error) {
 	if t := c.pending.Load(); t != nil {
-		t.openGate() // the request's first byte waits for its departure (shaper.WithGate)
+		// The request's first byte waits for its departure (shaper.Gate);
+		// nothing is written once the task's context ended.
+		if err := t.openGate(); err != nil {
+			c.pending.Store(nil)
+			return 0, err
+		}
 	}
 	n, err := c.Conn.Write(b)
 	if t := c.pending.Swap(nil); t != nil && err == nil {
-		t.wire(time.Now(), t.exact)
+		t.report(time.Now(), t.exact)
 	}
 	return n, err
 }
@@ -316,12 +321,15 @@ func wireDialer(d *net.Dialer) func(ctx context.Context, network, addr string) (
 // holds the trace and its state.
 type wireTrace struct {
 	trace httptrace.ClientTrace
+	ctx   context.Context // the task's
 	wire  func(time.Time, bool)
-	// gate, when the lane gates writes (shaper.WithGate), returns at the
-	// request's departure instant; openGate calls it once, before the
-	// request's first byte is written.
-	gate func()
-	how  atomic.Uint32 // reportAtRequest, reportAtWrite or reportAtHeaders
+	// gate, when the lane gates writes (shaper.WithGate): openGate waits
+	// at it before the first byte of each attempt's write.
+	gate shaper.Gate
+	// reported: the request was reported written; another attempt to
+	// write it (a retry on a fresh connection) yields first (openGate).
+	reported atomic.Bool
+	how      atomic.Uint32 // reportAtRequest, reportAtWrite or reportAtHeaders
 	// exact, with reportAtWrite: the report will be this request's own
 	// write, whole, to a loopback peer (shaper.WithWire).
 	exact bool
@@ -334,8 +342,8 @@ const (
 	reportAtHeaders               // WroteHeaders: HTTP/2
 )
 
-func newWireTrace(wire func(time.Time, bool), gate func()) *wireTrace {
-	t := &wireTrace{wire: wire, gate: gate}
+func newWireTrace(ctx context.Context, wire func(time.Time, bool), gate shaper.Gate) *wireTrace {
+	t := &wireTrace{ctx: ctx, wire: wire, gate: gate}
 	t.trace.GotConn = t.gotConn
 	t.trace.WroteHeaders = t.wroteHeaders
 	t.trace.WroteRequest = t.wroteRequest
@@ -346,13 +354,28 @@ func newWireTrace(wire func(time.Time, bool), gate func()) *wireTrace {
 // request on the task's goroutine when it can (direct.go).
 type directKey struct{}
 
-// openGate waits at the gate, the first time only (the goroutine that
-// writes the request calls it: one at a time).
-func (t *wireTrace) openGate() {
-	if g := t.gate; g != nil {
-		t.gate = nil
-		g()
+// openGate waits at the gate before an attempt's first byte (the
+// goroutine that writes the request calls it: one at a time). A request
+// already reported written is being sent again (the transport's retry on a
+// fresh connection): it yields first, and waits for a departure of its own.
+// It returns the task's context's error when that ended: nothing may be
+// written then.
+func (t *wireTrace) openGate() error {
+	g := t.gate
+	if g == nil {
+		return nil
 	}
+	if t.reported.Load() {
+		g.Yield()
+	}
+	g.Wait()
+	return t.ctx.Err()
+}
+
+// report reports the request on the wire at at (shaper.WithWire).
+func (t *wireTrace) report(at time.Time, exact bool) {
+	t.reported.Store(true)
+	t.wire(at, exact)
 }
 
 func (t *wireTrace) gotConn(info httptrace.GotConnInfo) {
@@ -383,13 +406,13 @@ func (t *wireTrace) gotConn(info httptrace.GotConnInfo) {
 
 func (t *wireTrace) wroteHeaders() {
 	if t.how.Load() == reportAtHeaders {
-		t.wire(time.Now(), false)
+		t.report(time.Now(), false)
 	}
 }
 
 func (t *wireTrace) wroteRequest(info httptrace.WroteRequestInfo) {
 	if info.Err == nil && t.how.Load() == reportAtRequest {
-		t.wire(time.Now(), false) // in the buffer, maybe not yet written
+		t.report(time.Now(), false) // in the buffer, maybe not yet written
 	}
 }
 
@@ -448,7 +471,7 @@ func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
 	}
 	rctx := ctx
 	if wire := shaper.WireFrom(ctx); wire != nil {
-		wt := newWireTrace(wire, shaper.GateFrom(ctx))
+		wt := newWireTrace(ctx, wire, shaper.GateFrom(ctx))
 		rctx = httptrace.WithClientTrace(ctx, &wt.trace)
 		if wt.gate != nil && s.direct != nil {
 			rctx = context.WithValue(rctx, directKey{}, wt) // send may write it itself (direct.go)

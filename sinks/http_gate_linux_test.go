@@ -24,11 +24,11 @@ const gateHold = 5 * time.Millisecond
 func gatedSend(t *testing.T, s *sinks.HTTP, m *shaper.Message) (opened time.Time, calls int) {
 	t.Helper()
 	ctx := shaper.WithWire(context.Background(), func(time.Time, bool) {})
-	ctx = shaper.WithGate(ctx, func() {
+	ctx = shaper.WithGate(ctx, shaper.GateFunc(func() {
 		calls++
 		time.Sleep(gateHold)
 		opened = time.Now()
-	})
+	}))
 	if err := s.Send(ctx, m); err != nil {
 		t.Fatalf("send: %v", err)
 	}

@@ -615,3 +615,78 @@ func pick(ts []time.Time, idx []int) []time.Time {
 	slices.SortFunc(out, func(a, b time.Time) int { return a.Compare(b) })
 	return out
 }
+
+// TestOAuth2FirstTokenKeepsSpacing: a lane at 50/s starts with no OAuth2
+// token, and the token endpoint answers in 300 ms. The requests that depart
+// meanwhile do not hold the next departures (G5) and wait for the token;
+// when it comes they do not reach the downstream together: each yields
+// (shaper.Gate.Yield, sinks/auth.go) and is written on a departure of its
+// own (drain/gate.go). At the downstream process's kernel receive stamps,
+// no two requests are closer than min_spacing × the interval (less the
+// usual delay from a departure to its write, which the spacing floor's
+// anchor subtracts: 1 ms here is 50 times what it is). Before, the 8
+// requests that waited (max_in_flight) reached the downstream within
+// a fraction of a millisecond.
+func TestOAuth2FirstTokenKeepsSpacing(t *testing.T) {
+	const (
+		limit = 50
+		n     = 60
+	)
+	iv := shaper.Limit(limit).Interval()
+	ts := newTokenServer(t, time.Hour)
+	ts.delay.Store(int64(300 * time.Millisecond))
+	down := startStampedHTTPProcess(t)
+	cfg := wireLaneConfig(t, limit, 8)
+	src := newMemSource(n)
+	sink, err := sinks.NewHTTP(sinks.HTTPConfig{URL: down.URL(), Auth: oauthConfig(ts)}, sinks.WithMaxIdleConnsPerHost(8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sink.Close() })
+	lm := metrics.New(prometheus.NewRegistry()).Lane("oauth", limit)
+	lane, err := drain.New("oauth", cfg, src, sink, drain.WithMetrics(lm))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lane.Start()
+	deadline := time.Now().Add(30 * time.Second)
+	for src.settled() < n && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	lane.Drain(dctx)
+	cancel()
+	_ = sink.Close()
+	arrived, err := down.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := src.acked.Load(); got != n || len(arrived) != n {
+		t.Fatalf("%d of %d acked (%d nak'd), %d requests at the downstream", got, n, src.nacked.Load(), len(arrived))
+	}
+	slices.SortFunc(arrived, func(a, b httpArrival) int { return a.at.Compare(b.at) })
+	floor := time.Duration(shaper.DefaultMinSpacing*float64(iv)) - time.Millisecond
+	for i := 1; i < len(arrived); i++ {
+		if arrived[i].unstamped {
+			t.Fatalf("request %s has no kernel stamp", arrived[i].key)
+		}
+		if gap := arrived[i].at.Sub(arrived[i-1].at); gap < floor {
+			t.Errorf("requests %s and %s reached the downstream %v apart (at +%v), under %v",
+				arrived[i-1].key, arrived[i].key, gap, arrived[i].at.Sub(arrived[0].at).Round(time.Millisecond), floor)
+		}
+	}
+	yielded := testutil.ToFloat64(lm.Overtaken)
+	if yielded < 1 {
+		t.Errorf("shaper_departures_overtaken_total = %v: no request waited for the token on a departure of its own", yielded)
+	}
+	t.Logf("%d requests at %d/s, the first token after 300 ms: %d departed again after the token came; closest two at the downstream %v apart",
+		n, limit, int(yielded), minGap(arrived))
+}
+
+func minGap(a []httpArrival) time.Duration {
+	best := time.Duration(1<<63 - 1)
+	for i := 1; i < len(a); i++ {
+		best = min(best, a[i].at.Sub(a[i-1].at))
+	}
+	return best
+}
