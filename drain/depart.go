@@ -350,7 +350,19 @@ func (l *Lane) awaitHead(ctx context.Context) (head *shaper.Message, waited, ok 
 		waited = true
 		select {
 		case <-l.fetchDone: // closes only when a drain stopped fetching
-			if l.bucket.Len() == 0 {
+			if l.bucket.Len() > 0 {
+				continue
+			}
+			if !l.gatedInFlight() {
+				return nil, waited, false
+			}
+			// A gated lane's task still running may yet need a departure
+			// of its own (gate.go): the loop ends after the last one.
+			select {
+			case <-l.ot.taskEnded:
+			case <-l.ot.wake: // an overtaken request came to its gate
+				return nil, waited, true
+			case <-ctx.Done():
 				return nil, waited, false
 			}
 			continue
@@ -365,6 +377,17 @@ func (l *Lane) awaitHead(ctx context.Context) (head *shaper.Message, waited, ok 
 			return nil, waited, false
 		}
 	}
+}
+
+// gatedInFlight reports whether a lane that gates its writes has tasks
+// running (a drain's departure loop waits for them: gate.go).
+func (l *Lane) gatedInFlight() bool {
+	if !l.gatesWire {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.inflight) > 0
 }
 
 // popDeliverable pops the head for a departure at now, dead-lettering the

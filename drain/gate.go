@@ -2,6 +2,7 @@ package drain
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -120,16 +121,18 @@ func (g *writeGate) close() {
 // floor (docs/performance.md, sessions 32–33); TestLaneOvertakenRequestDepartsAgain.
 //
 // When the task's context ends first (its timeout, a stop), the gate
-// returns and the sink does not write (shaper.Gate). When the departure
-// loop has ended (a drain emptied the bucket, a stop), the request takes
-// the pacer's next time itself.
+// returns and the sink does not write (shaper.Gate). A drain's departure
+// loop ends after the bucket emptied and the last task ended; when it has
+// ended before (the drain's time ran out, a stop), the request takes the
+// pacer's next time itself, on a waiter of its own.
 
 // taskGate is a task's shaper.Gate: the lane, the task's message and its
 // context.
 type taskGate struct {
-	l   *Lane
-	m   *shaper.Message
-	ctx context.Context
+	l     *Lane
+	m     *shaper.Message
+	ctx   context.Context
+	early bool // the task started before its departure instant
 }
 
 // Wait returns at the departure instant of g's request (openGate).
@@ -138,6 +141,9 @@ func (g *taskGate) Wait() { g.l.openGate(g.ctx, g.m) }
 // Yield lets the next departures go without the request's write, and makes
 // its next Wait wait for a departure of its own.
 func (g *taskGate) Yield() { g.l.yieldWire(g.m) }
+
+// Early reports whether the task was released before its departure.
+func (g *taskGate) Early() bool { return g.early }
 
 // redeparture is an overtaken request waiting at its gate.
 type redeparture struct {
@@ -153,6 +159,9 @@ type overtakes struct {
 	queue []*redeparture               // at their gate, in order (gone ones too); l.mu
 	n     atomic.Int32                 // the queue's waiting ones: the loop looks without l.mu
 	wake  chan struct{}                // a request joined the queue
+	// taskEnded: a task ended (a drain's departure loop, with the bucket
+	// empty, ends after the last task: until then one may be overtaken).
+	taskEnded chan struct{}
 }
 
 // overtake marks u, a departed request whose write was not reported, when
@@ -195,7 +204,13 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 	}
 	delete(l.ot.set, m)
 	r := &redeparture{m: m, ready: make(chan struct{})}
-	l.ot.queue = append(l.ot.queue, r)
+	// In admission order (G3), whatever the order of the gates: the
+	// requests that waited for one token come to theirs together.
+	i := len(l.ot.queue)
+	for i > 0 && l.ot.queue[i-1].m.Admitted.After(m.Admitted) {
+		i--
+	}
+	l.ot.queue = slices.Insert(l.ot.queue, i, r)
 	l.ot.n.Add(1)
 	l.mu.Unlock()
 	notify(l.ot.wake)
@@ -213,6 +228,9 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 	}
 	r.gone = true
 	l.ot.n.Add(-1)
+	if i := slices.Index(l.ot.queue, r); i >= 0 { // its message is not kept (G6)
+		l.ot.queue = slices.Delete(l.ot.queue, i, i+1)
+	}
 	if ctx.Err() != nil {
 		l.mu.Unlock()
 		notify(l.wake) // a loop held in redepart looks again (a drain may end)
@@ -228,22 +246,9 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 	l.mu.Unlock()
 	l.m.Overtaken.Inc()
 	l.departedAgain(m, prev, at, at)
-	waitUntil(ctx, at)
-}
-
-// waitUntil waits until at or the end of ctx, on a runtime timer (late by
-// up to a millisecond or so, never early).
-func waitUntil(ctx context.Context, at time.Time) {
-	d := time.Until(at)
-	if d <= 0 {
-		return
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
+	w := NewPreciseWaiter() // not the lane's: its gate may hold a task with an earlier instant
+	_, _ = w.Wait(ctx, at, nil)
+	w.Unbind()
 }
 
 // redepart departs the first overtaken request waiting at its gate, at the

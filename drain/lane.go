@@ -155,7 +155,7 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 		slots:      newSemaphore(cfg.Task.MaxInFlight),
 		inflight:   map[*shaper.Message]struct{}{},
 		wake:       make(chan struct{}, 1),
-		ot:         overtakes{wake: make(chan struct{}, 1)},
+		ot:         overtakes{wake: make(chan struct{}, 1), taskEnded: make(chan struct{}, 1)},
 		fetchStop:  make(chan struct{}),
 		fetchDone:  make(chan struct{}),
 		departStop: make(chan struct{}),

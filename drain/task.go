@@ -22,6 +22,9 @@ func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 		}
 		delete(l.ot.set, m) // overtaken, and ended before its gate (gate.go)
 		l.mu.Unlock()
+		if l.gatesWire {
+			notify(l.ot.taskEnded) // a drain's departure loop waits for the last one
+		}
 		l.m.InFlight.Dec()
 		l.slots.release()
 		l.tasks.Done()
@@ -45,7 +48,7 @@ func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 		// write (gate.go); at every rate an overtaken request waits there
 		// for a departure of its own.
 		if l.gatesWire {
-			ctx = shaper.WithGate(ctx, &taskGate{l: l, m: m, ctx: ctx})
+			ctx = shaper.WithGate(ctx, &taskGate{l: l, m: m, ctx: ctx, early: start.Before(m.Departed)})
 		}
 	}
 	ctx = l.withRateLimitReport(ctx) // rate.adaptive.headers (adaptive.go)

@@ -53,10 +53,15 @@ type Gate interface {
 	// next Wait waits for a departure of its own (SPEC G5, and G1 at the
 	// downstream).
 	Yield()
+	// Early reports whether the task was released before its departure
+	// instant (above 1,000/s), so that its request waits at Wait for up to
+	// the lane's lead: a sink may then take another way to the wire
+	// (sinks/direct.go).
+	Early() bool
 }
 
-// GateFunc is a Gate whose Wait calls the function and whose Yield does
-// nothing (tests, and sinks' own tests of their gate).
+// GateFunc is a Gate whose Wait calls the function, whose Yield does
+// nothing and which is Early (tests, and sinks' own tests of their gate).
 type GateFunc func()
 
 // Wait calls f.
@@ -64,6 +69,9 @@ func (f GateFunc) Wait() { f() }
 
 // Yield does nothing.
 func (f GateFunc) Yield() {}
+
+// Early reports true.
+func (f GateFunc) Early() bool { return true }
 
 // WithGate returns a context carrying g for a sink that gates its writes.
 func WithGate(ctx context.Context, g Gate) context.Context {

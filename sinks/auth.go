@@ -277,7 +277,16 @@ func (s *HTTP) do(ctx context.Context, req *http.Request) (*http.Response, error
 	if rerr != nil {
 		return nil, fmt.Errorf("auth: after 401: %w", rerr)
 	}
-	retry := req.Clone(ctx) // the task's context: no second wire report
+	// A gated lane's retry waits at its gate for a departure of its own
+	// (its first write was reported: the trace yields), so that the
+	// retries after a revoked token do not reach the downstream together
+	// (found by review: 6 within 0.9 ms at 20/s). Otherwise the task's
+	// context: no second wire report of the same departure.
+	rctx := ctx
+	if shaper.GateFrom(ctx) != nil {
+		rctx = req.Context()
+	}
+	retry := req.Clone(rctx)
 	if req.GetBody != nil {
 		if retry.Body, err = req.GetBody(); err != nil {
 			return nil, err

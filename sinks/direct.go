@@ -11,8 +11,6 @@ import (
 	"net/http"
 	"sync"
 	"time"
-
-	"github.com/shaper-dev/shaper/shaper"
 )
 
 // direct sends a gated HTTP/1.1 request on the task's own goroutine: the
@@ -29,10 +27,14 @@ import (
 //
 // It is used only where the transport would do the same and the gate
 // matters: a plain http:// URL with no proxy, through the sink's own
-// transport (its dialer settings), for a request that carries its lane's
-// gate (shaper.WithGate: every task of a lane whose sink gates its writes,
-// at every rate). Everything else — TLS and HTTP/2, proxies, a caller's
-// client, a lane that does not gate — goes through the transport as before.
+// transport (its dialer settings), a body of at most directMaxBody, for a
+// request whose task was released before its departure instant
+// (shaper.Gate.Early: above 1,000/s). Everything else — TLS and HTTP/2,
+// proxies, a caller's client, large bodies, a lane that does not gate or a
+// task that started after its instant — goes through the transport, which
+// also retries a request on a fresh connection when a kept-alive one was
+// closed under its write (at low rates a server's idle timeout meets the
+// next request).
 type direct struct {
 	dialer  *net.Dialer
 	maxIdle int // idle connections kept per host
@@ -57,17 +59,30 @@ func newDirect(maxIdle int) *direct {
 	}
 }
 
+// directStaleAfter: a kept-alive connection taken this long before the gate
+// opened is looked at again before the write (an overtaken request waits
+// intervals there; the lead is at most 200 µs). Found by review: a server's
+// idle timeout closed it during the wait, and the write failed.
+const directStaleAfter = time.Millisecond
+
+// directMaxBody is the largest body direct writes: it writes the whole
+// request before it reads, and a server that answers early (413, 401)
+// without reading a large body resets the connection under the write, so
+// that its answer is lost (found by review: 16 MiB on loopback, three times
+// in three). The transport reads while it writes.
+const directMaxBody = 64 << 10
+
 // directBuf holds a serialized request until the gate opens.
 var directBuf = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
-// roundTrip writes req on one connection once gate returns (the request's
-// departure instant), reports the write to wire (exact for a loopback
-// peer, as wireConn does), and returns the response; its body returns the
+// roundTrip writes req on one connection once its gate opens (wt.openGate:
+// the request's departure instant), reports the write (wt.report; exact
+// for a loopback peer, as wireConn does), and returns the response; its body returns the
 // connection to the pool when read to the end and closed. A kept-alive
 // connection is checked before it is used (get), so one the server closed
 // while idle is not written into. A failure is the request's: the lane
 // retries it (a redelivery).
-func (d *direct) roundTrip(req *http.Request, gate shaper.Gate, wire func(time.Time, bool)) (*http.Response, error) {
+func (d *direct) roundTrip(req *http.Request, wt *wireTrace) (*http.Response, error) {
 	ctx := req.Context()
 	buf := directBuf.Get().(*bytes.Buffer)
 	buf.Reset()
@@ -81,19 +96,33 @@ func (d *direct) roundTrip(req *http.Request, gate shaper.Gate, wire func(time.T
 		return nil, err
 	}
 	stop := c.watch(ctx)
-	if gate != nil {
-		gate.Wait()
-		if err := ctx.Err(); err != nil { // the task ended at the gate: nothing is written
+	got := time.Now()
+	for {
+		// The gate: the departure instant, or a departure of its own for
+		// an overtaken request; nothing is written once ctx ended.
+		if err := wt.openGate(); err != nil {
 			stop()
 			_ = c.Close()
 			return nil, err
 		}
+		// After a wait far longer than the lead (an overtaken request's),
+		// the server may have closed the kept-alive connection meanwhile:
+		// look again, and take another (and the gate again: a dial that
+		// took long may have been overtaken).
+		if time.Since(got) < directStaleAfter || c.alive() {
+			break
+		}
+		stop()
+		_ = c.Close()
+		if c, err = d.get(ctx, addr); err != nil {
+			return nil, err
+		}
+		stop = c.watch(ctx)
+		got = time.Now()
 	}
 	var resp *http.Response
 	if _, err = c.Write(buf.Bytes()); err == nil {
-		if wire != nil {
-			wire(time.Now(), c.loopback)
-		}
+		wt.report(time.Now(), c.loopback)
 		resp, err = http.ReadResponse(c.br, req)
 		for interim := 0; err == nil && isInterim(resp.StatusCode); interim++ {
 			if interim == maxInterim {
@@ -262,10 +291,11 @@ func (b *directBody) Close() error {
 }
 
 // directs reports whether send writes req itself (direct) rather than
-// through the transport: plain HTTP/1.1 with no proxy for its URL and no
-// Expect header (the transport waits for 100-continue; direct would not).
+// through the transport: plain HTTP/1.1 with no proxy for its URL, no
+// Expect header (the transport waits for 100-continue; direct would not)
+// and a body of at most directMaxBody.
 func (s *HTTP) directs(req *http.Request) bool {
-	if req.URL.Scheme != "http" || req.Header.Get("Expect") != "" {
+	if req.URL.Scheme != "http" || req.Header.Get("Expect") != "" || req.ContentLength > directMaxBody {
 		return false
 	}
 	if s.transport.Proxy != nil {

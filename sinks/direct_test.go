@@ -205,3 +205,59 @@ type deadlineOnly struct {
 }
 
 func (d deadlineOnly) Deadline() (time.Time, bool) { return d.dl, true }
+
+// gatedSendHeld sends m through s with a gate that holds each attempt hold
+// (as an overtaken request waits for a departure of its own).
+func gatedSendHeld(s *sinks.HTTP, m *shaper.Message, hold time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ctx = shaper.WithWire(ctx, func(time.Time, bool) {})
+	ctx = shaper.WithGate(ctx, shaper.GateFunc(func() { time.Sleep(hold) }))
+	return s.Send(ctx, m)
+}
+
+// TestHTTPDirectLooksAgainAfterALongGate: the direct path takes a kept-alive
+// connection before the gate. A request that waits there far longer than
+// the lead (an overtaken request, drain/gate.go) finds the connection closed
+// by the server's idle timeout meanwhile: it takes another instead of
+// failing (found by review: the write failed with unexpected EOF).
+func TestHTTPDirectLooksAgainAfterALongGate(t *testing.T) {
+	var seen atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { seen.Add(1) }))
+	srv.Config.IdleTimeout = 100 * time.Millisecond
+	srv.Start()
+	defer srv.Close()
+	s := newHTTP(t, sinks.HTTPConfig{URL: srv.URL})
+	if err := gatedSendHeld(s, testMessage(), 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // idle, still open when the next request takes it
+	if err := gatedSendHeld(s, testMessage(), 300*time.Millisecond); err != nil {
+		t.Errorf("a request held 300 ms at its gate on a connection the server closed at 100 ms idle: %v", err)
+	}
+	if got := seen.Load(); got != 2 {
+		t.Errorf("the server saw %d requests, want 2", got)
+	}
+}
+
+// TestHTTPLargeBodyEarlyAnswer: a server that answers 413 without reading a
+// 16 MiB body resets the connection under the write; the sink reports the
+// 413 (a permanent failure), not the broken pipe: bodies over 64 KiB go
+// through the transport, which reads while it writes (found by review: the
+// direct path lost the answer three times in three).
+func TestHTTPLargeBodyEarlyAnswer(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusRequestEntityTooLarge)
+	}))
+	defer srv.Close()
+	s := newHTTP(t, sinks.HTTPConfig{URL: srv.URL})
+	m := testMessage()
+	m.Data = make([]byte, 16<<20)
+	for i := range 3 {
+		err := gatedSendHeld(s, m, 0)
+		var se *shaper.SinkError
+		if !errors.As(err, &se) || se.Status != http.StatusRequestEntityTooLarge || !se.Permanent {
+			t.Errorf("send %d of a 16 MiB body answered 413 early: %v; want the 413, permanent", i, err)
+		}
+	}
+}

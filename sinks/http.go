@@ -432,12 +432,10 @@ func (s *HTTP) send(req *http.Request) (*http.Response, error) {
 		req.Header[AuthorizationHeader] = []string{s.basic}
 	}
 	if wt, _ := req.Context().Value(directKey{}).(*wireTrace); wt != nil && wt.gate != nil && s.directs(req) {
-		gate := wt.gate
-		wt.gate = nil
 		// Request.Write calls the trace's WroteHeaders and WroteRequest
 		// while serializing, before the gate: they must not report.
 		wt.how.Store(reportAtWrite)
-		return s.direct.roundTrip(req, gate, wt.wire)
+		return s.direct.roundTrip(req, wt)
 	}
 	return s.transport.RoundTrip(req)
 }
@@ -473,7 +471,7 @@ func (s *HTTP) Send(ctx context.Context, m *shaper.Message) error {
 	if wire := shaper.WireFrom(ctx); wire != nil {
 		wt := newWireTrace(ctx, wire, shaper.GateFrom(ctx))
 		rctx = httptrace.WithClientTrace(ctx, &wt.trace)
-		if wt.gate != nil && s.direct != nil {
+		if wt.gate != nil && wt.gate.Early() && s.direct != nil {
 			rctx = context.WithValue(rctx, directKey{}, wt) // send may write it itself (direct.go)
 		}
 	}
