@@ -626,7 +626,7 @@ func pick(ts []time.Time, idx []int) []time.Time {
 // usual delay from a departure to its write, which the spacing floor's
 // anchor subtracts: 1 ms here is 50 times what it is). Before, the 8
 // requests that waited (max_in_flight) reached the downstream within
-// a fraction of a millisecond.
+// about a millisecond.
 func TestOAuth2FirstTokenKeepsSpacing(t *testing.T) {
 	const (
 		limit = 50
