@@ -264,32 +264,20 @@ func (l *Lane) wireHeldAt(now time.Time) bool {
 // and counts its task (the loop starts it: leadDepartures). empty says the
 // bucket is empty after it. l.mu is held (popDeliverable), and released.
 func (l *Lane) depart(m *shaper.Message, empty bool, ready, now, scheduled time.Time) {
-	prev := l.lastDeparture
-	l.lastDeparture = now
-	l.pacer.Depart(l.quotaReady(ready, now), now)
-	l.countForgiven()
-	l.quotaDepart(now)
-	l.breakerDeparts(m, now)
+	prev := l.recordDeparture(m, ready, now)
 	if empty {
 		l.pacer.SetBusy(now, false)
 	}
-	m.Departed = now
 	l.inflight[m] = struct{}{}
-	l.wireDeparts(m, now)
 	l.mu.Unlock()
 	if l.global != nil {
 		l.global.held = time.Time{} // the slot is used
 	}
-	l.m.Departures.Inc()
-	l.m.Lateness.Observe(max(0, now.Sub(scheduled)).Seconds())
-	if !prev.IsZero() {
-		l.m.Gap.Observe(now.Sub(prev).Seconds())
-	}
+	l.countDeparture(m, prev, now, scheduled)
 	l.m.QueueWait.Observe(now.Sub(m.Admitted).Seconds())
 	if c := m.FairClass(); c != "" { // bucket.fair_key
 		l.m.FairQueueWait[c].Observe(now.Sub(m.Admitted).Seconds())
 	}
-	l.recent.depart(now, now.Sub(m.Admitted))
 	l.m.BucketDepth.Set(float64(l.bucket.Len()))
 	l.m.InFlight.Inc()
 	l.tasks.Add(1)

@@ -150,14 +150,13 @@ type redeparture struct {
 	m     *shaper.Message
 	ready chan struct{} // closed when the loop departed it again (m.Departed is the new instant)
 	taken bool          // the loop departed it; l.mu
-	gone  bool          // its task stopped waiting; l.mu
 }
 
 // overtakes is a gated lane's state for overtaken requests.
 type overtakes struct {
 	set   map[*shaper.Message]struct{} // overtaken, their gate not reached; l.mu
-	queue []*redeparture               // at their gate, in order (gone ones too); l.mu
-	n     atomic.Int32                 // the queue's waiting ones: the loop looks without l.mu
+	queue []*redeparture               // at their gate, in admission order; l.mu
+	n     atomic.Int32                 // len(queue): the loop looks without l.mu
 	wake  chan struct{}                // a request joined the queue
 	// taskEnded: a task ended (a drain's departure loop, with the bucket
 	// empty, ends after the last task: until then one may be overtaken).
@@ -226,9 +225,8 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 		l.gate.wait(at)
 		return
 	}
-	r.gone = true
-	l.ot.n.Add(-1)
-	if i := slices.Index(l.ot.queue, r); i >= 0 { // its message is not kept (G6)
+	l.ot.n.Add(-1) // it leaves the queue: its message is not kept (G6)
+	if i := slices.Index(l.ot.queue, r); i >= 0 {
 		l.ot.queue = slices.Delete(l.ot.queue, i, i+1)
 	}
 	if ctx.Err() != nil {
@@ -242,10 +240,10 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 	if f := l.pacer.WireFloor(now); f.After(at) {
 		at = f
 	}
-	prev := l.departAgain(m, at, at, at)
+	prev := l.recordDeparture(m, at, at)
 	l.mu.Unlock()
 	l.m.Overtaken.Inc()
-	l.departedAgain(m, prev, at, at)
+	l.countDeparture(m, prev, at, at)
 	w := NewPreciseWaiter() // not the lane's: its gate may hold a task with an earlier instant
 	_, _ = w.Wait(ctx, at, nil)
 	w.Unbind()
@@ -264,37 +262,31 @@ func (l *Lane) redepart(ctx context.Context) (*shaper.Message, time.Time, bool) 
 		return nil, now, true
 	}
 	l.mu.Lock()
-	var r *redeparture
-	for r == nil && len(l.ot.queue) > 0 {
-		r = l.ot.queue[0]
-		l.ot.queue[0] = nil
-		l.ot.queue = l.ot.queue[1:]
-		if r.gone {
-			r = nil
-		}
-	}
-	if r == nil || l.wireHeldAt(now) {
-		if r != nil { // a write began after the loop's look: back to the head
-			l.ot.queue = append([]*redeparture{r}, l.ot.queue...)
-		}
+	// None left (its task ended meanwhile), or a write began after the
+	// loop's look: look again.
+	if len(l.ot.queue) == 0 || l.wireHeldAt(now) {
 		l.mu.Unlock()
 		return nil, now, true
 	}
+	r := l.ot.queue[0]
+	l.ot.queue[0] = nil
+	l.ot.queue = l.ot.queue[1:]
 	l.ot.n.Add(-1)
 	r.taken = true
-	prev := l.departAgain(r.m, ready, now, scheduled)
+	prev := l.recordDeparture(r.m, ready, now)
 	l.mu.Unlock()
 	close(r.ready)
 	l.m.Overtaken.Inc()
-	l.departedAgain(r.m, prev, now, scheduled)
+	l.countDeparture(r.m, prev, now, scheduled)
 	return nil, now, true
 }
 
-// departAgain records the departure of m, an overtaken request, at now in
-// the pacer, the quota and the breaker (the loop's lastDeparture too), and
-// returns the previous departure's time (l.mu held). m keeps its task slot
-// and its place in the in-flight count.
-func (l *Lane) departAgain(m *shaper.Message, ready, now, scheduled time.Time) (prev time.Time) {
+// recordDeparture records m's departure at now (ready: when the loop was
+// ready) in the pacer, the quota, the breaker and the wait for its write,
+// and returns the previous departure's time (l.mu held). depart adds a
+// message from the bucket to the tasks in flight; an overtaken request
+// departing again (redepart, openGate) keeps its task's place.
+func (l *Lane) recordDeparture(m *shaper.Message, ready, now time.Time) (prev time.Time) {
 	prev = l.lastDeparture
 	l.lastDeparture = now
 	l.pacer.Depart(l.quotaReady(ready, now), now)
@@ -306,8 +298,9 @@ func (l *Lane) departAgain(m *shaper.Message, ready, now, scheduled time.Time) (
 	return prev
 }
 
-// departedAgain counts m's new departure at now in the departure metrics.
-func (l *Lane) departedAgain(m *shaper.Message, prev, now, scheduled time.Time) {
+// countDeparture counts m's departure at now (due at scheduled; prev the
+// one before) in the departure metrics and the recent rate.
+func (l *Lane) countDeparture(m *shaper.Message, prev, now, scheduled time.Time) {
 	l.m.Departures.Inc()
 	l.m.Lateness.Observe(max(0, now.Sub(scheduled)).Seconds())
 	if !prev.IsZero() {
