@@ -63,16 +63,7 @@ func (s *gatingSink) Send(ctx context.Context, m *shaper.Message) error {
 // drains it; it returns the lane for its counters.
 func runPreciseLane(t *testing.T, sink Sink, limit float64, n int, opts ...Option) *Lane {
 	t.Helper()
-	cfg := laneConfig(limit)
-	cfg.Rate.Warmup = config.Warmup{ColdFactor: 1}
-	src := sourcetest.NewMem(cfg.Source.AckWait)
-	opts = append([]Option{WithWaiter(NewPreciseWaiter()), WithMetrics(metrics.New(prometheus.NewRegistry()).Lane("test", limit))}, opts...)
-	l, err := New("test", cfg, src, sink, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src.Publish(n)
-	l.Start()
+	l, src := startPreciseLane(t, sink, limit, n, laneConfig(limit).Task.Timeout, opts...)
 	deadline := time.Now().Add(20 * time.Second)
 	for src.Count(sourcetest.Acked) < n && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
@@ -80,8 +71,27 @@ func runPreciseLane(t *testing.T, sink Sink, limit float64, n int, opts ...Optio
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	l.Drain(ctx)
 	cancel()
-	src.Close()
 	return l
+}
+
+// startPreciseLane starts a lane at limit (no warmup, the precise waiter,
+// task.timeout taskTimeout) over n in-memory messages into sink; the
+// source is closed at the test's end.
+func startPreciseLane(t *testing.T, sink Sink, limit float64, n int, taskTimeout time.Duration, opts ...Option) (*Lane, *sourcetest.Mem) {
+	t.Helper()
+	cfg := laneConfig(limit)
+	cfg.Rate.Warmup = config.Warmup{ColdFactor: 1}
+	cfg.Task.Timeout = taskTimeout
+	src := sourcetest.NewMem(cfg.Source.AckWait)
+	t.Cleanup(src.Close)
+	opts = append([]Option{WithWaiter(NewPreciseWaiter()), WithMetrics(metrics.New(prometheus.NewRegistry()).Lane("test", limit))}, opts...)
+	l, err := New("test", cfg, src, sink, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Publish(n)
+	l.Start()
+	return l, src
 }
 
 // runGatingLane sends n messages through a lane at limit into s and
@@ -408,18 +418,8 @@ func TestLaneOvertakenRequestAfterTheLoop(t *testing.T) {
 func startStalledLane(t *testing.T, s *stallingSink, n int, taskTimeout time.Duration) (*Lane, *sourcetest.Mem, *metrics.Lane) {
 	t.Helper()
 	const limit = 4000.0
-	cfg := laneConfig(limit)
-	cfg.Rate.Warmup = config.Warmup{ColdFactor: 1}
-	cfg.Task.Timeout = taskTimeout
-	src := sourcetest.NewMem(cfg.Source.AckWait)
-	t.Cleanup(src.Close)
 	lm := metrics.New(prometheus.NewRegistry()).Lane("test", limit)
-	l, err := New("test", cfg, src, s, WithWaiter(NewPreciseWaiter()), WithMetrics(lm))
-	if err != nil {
-		t.Fatal(err)
-	}
-	src.Publish(n)
-	l.Start()
+	l, src := startPreciseLane(t, s, limit, n, taskTimeout, WithMetrics(lm))
 	select {
 	case <-s.stalling:
 	case <-time.After(10 * time.Second):
