@@ -456,7 +456,12 @@ func (l *Lane) expire(m *shaper.Message, now time.Time, maxAge time.Duration) {
 // re-read its time.
 func (l *Lane) wired(m *shaper.Message, t time.Time, exact bool) {
 	l.mu.Lock()
-	moved := l.pacer.Wire(m.Departed, t, exact)
+	var held time.Duration
+	if l.spaced.m == m { // its gate held it for min spacing (gateAt)
+		held = l.spaced.by
+		l.spaced.m, l.spaced.by = nil, 0
+	}
+	moved := l.pacer.WireHeld(m.Departed, held, t, exact)
 	if moved {
 		l.countForgiven()
 	}

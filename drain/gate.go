@@ -190,13 +190,17 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 	now := time.Now()
 	l.mu.Lock()
 	if _, over := l.ot.set[m]; !over {
-		if l.unwired == m && now.After(l.departedAt) {
-			// Its write starts now: the loop waits for it anew, so that
-			// the next one cannot leave while it is being written
-			// (popDeliverable looks again under l.mu).
-			l.departedAt = now
+		at := l.gateAt(m, now)
+		start := now // when its write starts
+		if at.After(start) {
+			start = at
 		}
-		at := m.Departed
+		if l.unwired == m && start.After(l.departedAt) {
+			// The loop waits for its write anew, so that the next one
+			// cannot leave while it is being written (popDeliverable
+			// looks again under l.mu).
+			l.departedAt = start
+		}
 		l.mu.Unlock()
 		l.gate.wait(at)
 		return
@@ -220,7 +224,7 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 	}
 	l.mu.Lock()
 	if r.taken {
-		at := m.Departed
+		at := l.gateAt(m, time.Now())
 		l.mu.Unlock()
 		l.gate.wait(at)
 		return
@@ -241,12 +245,35 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 		at = f
 	}
 	prev := l.recordDeparture(m, at, at)
+	at = l.gateAt(m, now)
 	l.mu.Unlock()
 	l.m.Overtaken.Inc()
-	l.countDeparture(m, prev, at, at)
+	l.countDeparture(m, prev, m.Departed, m.Departed)
 	w := NewPreciseWaiter() // not the lane's: its gate may hold a task with an earlier instant
 	_, _ = w.Wait(ctx, at, nil)
 	w.Unbind()
+}
+
+// gateAt is when m's gate opens, its task at the gate at now: its
+// departure instant, or later, min_spacing intervals after the previous
+// request's wire report (shaper.Pacer.WireSpacing: SPEC G1's spacing at the
+// downstream, up to SpacingMaxRate). A hold past when the write could
+// have begun is kept for m's report (wired), which counts m as having
+// departed that much later (shaper.Pacer.WireHeld). l.mu held.
+func (l *Lane) gateAt(m *shaper.Message, now time.Time) time.Time {
+	at := m.Departed
+	s := l.pacer.WireSpacing(now)
+	if !s.After(at) {
+		return at
+	}
+	could := at // when the write could have begun
+	if now.After(could) {
+		could = now
+	}
+	if by := s.Sub(could); by > 0 {
+		l.spaced.m, l.spaced.by = m, by
+	}
+	return s
 }
 
 // redepart departs the first overtaken request waiting at its gate, at the

@@ -2,6 +2,7 @@ package drain
 
 import (
 	"context"
+	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -659,3 +660,33 @@ func (l *Lane) queued() []*shaper.Message {
 
 // hasQueued reports whether m waits at its gate.
 func (l *Lane) hasQueued(m *shaper.Message) bool { return slices.Contains(l.queued(), m) }
+
+// TestLaneGateKeepsSpacingAtTheWire: up to 1,000/s a gated lane opens each
+// request's gate no sooner than min_spacing intervals after the previous
+// request's wire report (Lane.gateAt, shaper.Pacer.WireSpacing). The
+// departures' spacing floor is anchored at that report less the usual
+// delay, so without the gate's hold a request quicker than usual after a
+// slow one reached the downstream early by the difference (SPEC G1's
+// spacing at the downstream). Every third request here reports its write
+// 300 µs after its gate opened.
+func TestLaneGateKeepsSpacingAtTheWire(t *testing.T) {
+	const limit, n = 500.0, 300
+	iv := shaper.Limit(limit).Interval()
+	calls := runGatingLane(t, &gatingSink{gates: true, slowEvery: 3, slow: 300 * time.Microsecond}, limit, n)
+	floor := time.Duration(math.Ceil(shaper.DefaultMinSpacing * float64(iv)))
+	held, closest := 0, time.Duration(math.MaxInt64)
+	for j := 1; j < n; j++ {
+		gap := calls[j].opened.Sub(calls[j-1].wired)
+		closest = min(closest, gap)
+		if gap < floor {
+			t.Errorf("request %d's gate opened %v after request %d's wire report, under min_spacing × interval = %v",
+				j, gap, j-1, floor)
+		}
+		if calls[j].opened.After(calls[j].called.Add(20 * time.Microsecond)) { // called after its departure here
+			held++
+		}
+	}
+	span := calls[n-1].opened.Sub(calls[0].opened)
+	t.Logf("closest gate after the previous report %v (floor %v); %d of %d gates held more than 20 µs; gates at %.2f/s",
+		closest, floor, held, n, float64(n-1)/span.Seconds())
+}

@@ -76,6 +76,10 @@ type Pacer struct {
 	// reports so far (Wire): a reload (SetConfig) or a Rebase does not move
 	// the schedule before it, whatever instant it is given.
 	wireLeast time.Time
+	// wireLast is the latest wire report (Wire): up to SpacingMaxRate the
+	// next request's first byte waits for it + min_spacing intervals
+	// (WireSpacing).
+	wireLast time.Time
 	// spans are the latest departures with slack 0 (at every rate: a
 	// change across SpacingMaxRate needs them) and their wire reports,
 	// oldest first, for the span floor (spanFloor).
@@ -530,6 +534,47 @@ func (p *Pacer) WireFloor(now time.Time) time.Time { return p.spanFloor(p.interv
 // NATS with several publishes under way; a downstream across a network,
 // whose jitter the tenth of an interval is a budget for).
 func (p *Pacer) Wire(departed, wired time.Time, exact bool) bool {
+	return p.WireHeld(departed, 0, wired, exact)
+}
+
+// WireSpacing is the earliest instant, as seen at now, at which the next
+// request's first byte may be written: min_spacing intervals after the
+// latest wire report (Wire), up to SpacingMaxRate with slack 0, where SPEC
+// G1 asks for min_spacing between consecutive requests at the downstream;
+// the zero time otherwise, and before any report. A lane whose sink gates
+// its writes holds each write to it (drain/gate.go).
+//
+// Why: the spacing floor of the departures is anchored at the previous
+// report less the usual delay from departure to wire (Wire), so a request
+// quicker than usual reached the downstream early by the difference, after
+// a slower one: 4.593 ms after it at 200/s, under 0.95 × 5 ms, at the
+// downstream's kernel stamps (a new user's run, session 33), and 0.84–0.89
+// intervals at 1,000/s (TestHTTPWireRate). An exact report comes after the
+// kernel stamped the request (WithWire), and the next request is stamped
+// after its first byte's write began, so the stamps keep min_spacing
+// whatever the delays. Its cost: a request held here departed later, as
+// far as the make-up is concerned (WireHeld), and a departure makes up at
+// most 1 − min_spacing of an interval less the hold. Tests:
+// TestPacerWireSpacing, TestLaneGateKeepsSpacingAtTheWire,
+// TestHTTPWireRate (asserts the spacing at the kernel stamps).
+func (p *Pacer) WireSpacing(now time.Time) time.Time {
+	iv := p.interval(now)
+	if !p.floored() || iv < time.Second/SpacingMaxRate || p.wireLast.IsZero() {
+		return time.Time{}
+	}
+	// Rounded up: a floor a nanosecond early is not a floor.
+	return p.wireLast.Add(time.Duration(math.Ceil(p.minSpacing * float64(iv))))
+}
+
+// WireHeld is Wire for a request whose first byte was held for held after
+// it could have been written (WireSpacing): as far as the usual delay and
+// the make-up are concerned it departed that much later.
+func (p *Pacer) WireHeld(departed time.Time, held time.Duration, wired time.Time, exact bool) bool {
+	if wired.After(p.wireLast) {
+		p.wireLast = wired
+	}
+	span := departed // the span floor's mark is the departure's own
+	departed = departed.Add(max(held, 0))
 	d := max(wired.Sub(departed), 0)
 	// The estimate starts at 0, not at the first sample: the first request
 	// pays the connection's dial, which is not usual (it once let the second
@@ -587,7 +632,7 @@ func (p *Pacer) Wire(departed, wired time.Time, exact bool) bool {
 		if !exact {
 			stamped = wired.Add(iv - MakeUpLag(iv, p.slack, p.minSpacing))
 		}
-		p.wireSpan(departed, stamped)
+		p.wireSpan(span, stamped)
 	}
 	least := left.Add(iv - lag)
 	if p.tat.Before(least) {

@@ -737,3 +737,59 @@ func TestPacerWireFloorUpToSpanLast(t *testing.T) {
 		now = w
 	}
 }
+
+// TestPacerWireSpacing: up to 1,000/s with slack 0, the next request's
+// first byte may be written no sooner than min_spacing intervals after the
+// latest wire report, rounded up (WireSpacing: SPEC G1's spacing at the
+// downstream). There is no such instant above 1,000/s, with slack, or
+// before any report, and an older report (an overtaken request's) does not
+// move it back. A request held there counts as departed that much later
+// (WireHeld): twenty holds of 1 ms leave the usual delay from departure to
+// wire at 50 µs, where Wire would have learned them as delay.
+func TestPacerWireSpacing(t *testing.T) {
+	for _, tc := range []struct {
+		limit Limit
+		slack int
+		want  bool
+	}{{200, 0, true}, {1000, 0, true}, {1001, 0, false}, {5000, 0, false}, {200, 1, false}} {
+		p := NewPacer(PacerConfig{Limit: tc.limit, Slack: tc.slack}, t0)
+		if s := p.WireSpacing(t0); !s.IsZero() {
+			t.Errorf("%v slack %d: WireSpacing before any report = %v, want none", tc.limit, tc.slack, s.Sub(t0))
+		}
+		at := p.Next(t0)
+		p.Depart(at, at)
+		wired := at.Add(137 * time.Microsecond)
+		p.Wire(at, wired, true)
+		p.Wire(at.Add(-time.Millisecond), at, true) // an older request's, reported after
+		s := p.WireSpacing(wired)
+		want := wired.Add(time.Duration(math.Ceil(DefaultMinSpacing * float64(tc.limit.Interval()))))
+		switch {
+		case tc.want && !s.Equal(want):
+			t.Errorf("%v: WireSpacing = report + %v, want + %v", tc.limit, s.Sub(wired), want.Sub(wired))
+		case !tc.want && !s.IsZero():
+			t.Errorf("%v slack %d: WireSpacing = report + %v, want none", tc.limit, tc.slack, s.Sub(wired))
+		}
+	}
+
+	for _, held := range []bool{true, false} {
+		p := NewPacer(PacerConfig{Limit: 200}, t0)
+		at := t0
+		for range 200 { // learn the usual delay
+			at = p.Next(at)
+			p.Depart(at, at)
+			p.Wire(at, at.Add(50*time.Microsecond), true)
+		}
+		for range 20 {
+			at = p.Next(at)
+			p.Depart(at, at)
+			if held {
+				p.WireHeld(at, time.Millisecond, at.Add(time.Millisecond+50*time.Microsecond), true)
+			} else {
+				p.Wire(at, at.Add(time.Millisecond+50*time.Microsecond), true)
+			}
+		}
+		if d := p.wireDelay; held != ((d - 50*time.Microsecond).Abs() <= time.Microsecond) {
+			t.Errorf("held %v: usual delay %v after 20 requests held 1 ms, want 50 µs only when the hold is told (WireHeld)", held, d)
+		}
+	}
+}
