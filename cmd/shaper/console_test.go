@@ -206,9 +206,21 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	// Pause: the first write is answered 401, the console asks for the
 	// token, sends it and keeps it for the tab.
+	reason := `tr[data-pause-form-for="ops"] input[name="reason"]`
 	do("pause", chromedp.Click(chromedp.CSS(`tr[data-lane="ops"] button[data-action="pause"]`)),
-		chromedp.SendKeys(chromedp.CSS(`tr[data-pause-form-for="ops"] input[name="reason"]`), "console test"),
-		chromedp.Click(chromedp.CSS(`tr[data-pause-form-for="ops"] button[data-action="pause-confirm"]`)))
+		chromedp.SendKeys(chromedp.CSS(reason), "console test"))
+	// An operator types while the console polls: the form keeps the focus
+	// (a poll that moved every row blurred it once a second).
+	polls, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.dataset.polls`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(polls)
+	until("two polls with the pause form open", fmt.Sprintf(`Number(document.body.dataset.polls) >= %d`, n+2))
+	if focused, err := chromedp.Run(ctx, chromedp.Evaluate[bool](fmt.Sprintf(`document.activeElement === document.querySelector(%q)`, reason))); err != nil || !focused {
+		t.Errorf("the pause form's reason field lost the focus while the console polled (%v)", err)
+	}
+	do("confirm the pause", chromedp.Click(chromedp.CSS(`tr[data-pause-form-for="ops"] button[data-action="pause-confirm"]`)))
 	do("enter the token", chromedp.WaitVisible(chromedp.ID("token-input")),
 		chromedp.SendKeys(chromedp.ID("token-input"), consoleToken),
 		chromedp.Click(chromedp.ID("token-submit")))

@@ -249,6 +249,10 @@
   function render(views, now) {
     const tbody = $('#lanes tbody');
     const seen = new Set();
+    // Rows are moved only when out of order: moving a row takes it out of
+    // the document for a moment, which blurs a pause form being typed in
+    // and detaches a button under the pointer, on every poll.
+    let next = tbody.firstElementChild; // where the next row belongs
     views.slice().sort((a, b) => (a.lane < b.lane ? -1 : a.lane > b.lane ? 1 : 0)).forEach((v) => {
       seen.add(v.lane);
       updateLane(v);
@@ -256,7 +260,10 @@
       L.history.push({ t: now, achieved: v.achieved_per_second, limit: v.limit_per_second,
         depth: v.depth, wait: v.queue_wait_p99_seconds });
       while (L.history.length && L.history[0].t < now - HISTORY_MS) L.history.shift();
-      tbody.append(L.row, L.formRow); // keeps the order; moves, never duplicates
+      for (const node of [L.row, L.formRow]) {
+        if (node === next) next = node.nextElementSibling;
+        else tbody.insertBefore(node, next); // next null: at the end
+      }
     });
     for (const [name, L] of lanes) {
       if (!seen.has(name)) { L.row.remove(); L.formRow.remove(); lanes.delete(name); }
