@@ -80,17 +80,25 @@ type writeGate struct {
 	w  Waiter
 }
 
-// wait blocks until at (a departure instant): at once when it has passed.
-func (g *writeGate) wait(at time.Time) {
-	if !time.Now().Before(at) {
+// wait blocks until at (a departure instant, or later for min spacing at
+// the wire: Lane.gateAt): at once when it has passed, or when ctx (the
+// task's) ends during a wait longer than the longest lead.
+func (g *writeGate) wait(ctx context.Context, at time.Time) {
+	now := time.Now()
+	if !now.Before(at) {
 		return
+	}
+	if at.Sub(now) <= gateLeadMax+gateEarlyRelease {
+		// Within the lead: only a timer. A ctx would start the waiter's
+		// watcher goroutine anew for every request at 5,000/s.
+		ctx = context.Background()
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.w == nil {
 		g.w = NewPreciseWaiter()
 	}
-	_, _ = g.w.Wait(context.Background(), at, nil) // no ctx, no wake: only a timer, at most the lead
+	_, _ = g.w.Wait(ctx, at, nil)
 }
 
 // close releases the waiter's timerfd (after the last task).
@@ -202,7 +210,7 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 			l.departedAt = start
 		}
 		l.mu.Unlock()
-		l.gate.wait(at)
+		l.gate.wait(ctx, at)
 		return
 	}
 	delete(l.ot.set, m)
@@ -226,7 +234,7 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 	if r.taken {
 		at := l.gateAt(m, time.Now())
 		l.mu.Unlock()
-		l.gate.wait(at)
+		l.gate.wait(ctx, at)
 		return
 	}
 	l.ot.n.Add(-1) // it leaves the queue: its message is not kept (G6)
@@ -238,7 +246,21 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 		notify(l.wake) // a loop held in redepart looks again (a drain may end)
 		return
 	}
-	// The loop ended: the pacer's next time (a pause's end included).
+	// The loop ended: the pacer's next time (a pause's end included),
+	// after the write of the request before it, for which the loop would
+	// have waited (wireHold): two requests overtaken before the loop ended
+	// come here together, and the second one's spacing counts from the
+	// first one's report (gateAt; found by review).
+	for l.unwired != nil && l.unwired != m && time.Now().Before(l.departedAt.Add(maxWireWait)) {
+		l.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.wake: // a wire report (Lane.wired)
+		case <-time.After(time.Millisecond): // another such request took the token
+		}
+		l.mu.Lock()
+	}
 	now = time.Now()
 	at := l.pacer.Next(now)
 	if f := l.pacer.WireFloor(now); f.After(at) {
@@ -269,6 +291,14 @@ func (l *Lane) gateAt(m *shaper.Message, now time.Time) time.Time {
 	could := at // when the write could have begun
 	if now.After(could) {
 		could = now
+	}
+	// At most maxWireWait: a request that departed at a higher rate
+	// than the one in force at its gate (a reload, the adaptive rate,
+	// while it dialled) keeps the spacing of the rate it departed at
+	// (SPEC G1 holds at the rate in force), not 9.5 s after a change
+	// from 1,000/s to 0.1/s (found by review).
+	if most := could.Add(maxWireWait); s.After(most) {
+		s = most
 	}
 	if by := s.Sub(could); by > 0 {
 		l.spaced.m, l.spaced.by = m, by

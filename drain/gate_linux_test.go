@@ -274,15 +274,18 @@ type stallingSink struct {
 	stallFor time.Duration
 	stalling chan struct{} // a token when a stalled Send starts (nil: none)
 	release  chan struct{} // not nil: a stalled Send waits for its close, not stallFor
-	mu       sync.Mutex
-	n        int
-	writes   []gateWrite
+	// slowWrite: a stalled request's write takes this long after its gate
+	// opened, and is reported at its end.
+	slowWrite time.Duration
+	mu        sync.Mutex
+	n         int
+	writes    []gateWrite
 }
 
 type gateWrite struct {
-	id                         string
-	admitted, departed, opened time.Time
-	stalled                    bool
+	id                                string
+	admitted, departed, opened, wired time.Time
+	stalled                           bool
 }
 
 func (s *stallingSink) ReportsWire() bool { return true }
@@ -316,7 +319,12 @@ func (s *stallingSink) write(ctx context.Context, m *shaper.Message, stalled boo
 		return err
 	}
 	w := gateWrite{id: m.Key(), admitted: m.Admitted, departed: m.Departed, opened: time.Now(), stalled: stalled}
-	shaper.WireFrom(ctx)(w.opened, true)
+	w.wired = w.opened
+	if stalled && s.slowWrite > 0 {
+		time.Sleep(s.slowWrite)
+		w.wired = time.Now()
+	}
+	shaper.WireFrom(ctx)(w.wired, true)
 	s.mu.Lock()
 	s.writes = append(s.writes, w)
 	s.mu.Unlock()
@@ -387,20 +395,7 @@ func TestLaneOvertakenRequestAfterTheLoop(t *testing.T) {
 	iv := shaper.Limit(limit).Interval()
 	s := &stallingSink{stall: map[int]bool{n - 3: true}, stalling: make(chan struct{}, 1), release: make(chan struct{})}
 	l, src, lm := startStalledLane(t, s, n, 5*time.Second)
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	drained := make(chan struct{})
-	go func() {
-		defer close(drained)
-		l.Drain(ctx)
-	}()
-	<-l.departDone // the drain's time ran out: the loop ended
-	close(s.release)
-	<-drained
-	if got := src.Count(sourcetest.Acked); got != n {
-		t.Fatalf("%d acked, want %d", got, n)
-	}
-	writes := s.byWrite(t, n)
+	writes := drainPastTheLoop(t, l, src, s, n, 200*time.Millisecond)
 	last := writes[len(writes)-1]
 	if !last.stalled {
 		t.Fatalf("the last write is %s, not the stalled request", last.id)
@@ -540,14 +535,7 @@ func TestLaneYieldedRequestsDepartAgain(t *testing.T) {
 // in that order).
 func TestLaneDepartureLooksAgainAtAWriteUnderWay(t *testing.T) {
 	const limit = 4000.0
-	cfg := laneConfig(limit)
-	cfg.Rate.Warmup = config.Warmup{ColdFactor: 1}
-	src := sourcetest.NewMem(cfg.Source.AckWait)
-	defer src.Close()
-	l, err := New("test", cfg, src, &gatingSink{gates: true}, WithWaiter(NewPreciseWaiter()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, _ := newGatedLane(t, limit)
 	if !l.gatesWire {
 		t.Fatal("the lane does not gate its writes")
 	}
@@ -609,13 +597,7 @@ func TestLaneDrainLoopWaitsForTheLastTask(t *testing.T) {
 // together) wait for their departures in admission order (G3), as far as
 // they are at their gates when the loop looks (gate.go).
 func TestOvertakenQueueInAdmissionOrder(t *testing.T) {
-	cfg := laneConfig(100)
-	src := sourcetest.NewMem(cfg.Source.AckWait)
-	defer src.Close()
-	l, err := New("test", cfg, src, &gatingSink{gates: true}, WithWaiter(NewPreciseWaiter()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, _ := newGatedLane(t, 100)
 	now := time.Now()
 	msgs := make([]*shaper.Message, 4)
 	for i := range msgs {
@@ -689,4 +671,97 @@ func TestLaneGateKeepsSpacingAtTheWire(t *testing.T) {
 	span := calls[n-1].opened.Sub(calls[0].opened)
 	t.Logf("closest gate after the previous report %v (floor %v); %d of %d gates held more than 20 µs; gates at %.2f/s",
 		closest, floor, held, n, float64(n-1)/span.Seconds())
+}
+
+// TestLaneOvertakenAfterTheLoopKeepSpacing: two requests overtaken while
+// their connections hung come to their gates together after a drain's
+// departure loop ended. Each takes the pacer's next time itself (gate.go);
+// the second waits for the first one's write, as the loop would have
+// (wireHold), so that its spacing at the wire counts from the first one's
+// report (Lane.gateAt). Found by review: the second took its time and its
+// spacing before the first reported, and at 500/s a first write of 400 µs
+// put the second 1.6 ms after it, under 0.95 × 2 ms.
+func TestLaneOvertakenAfterTheLoopKeepSpacing(t *testing.T) {
+	const limit, n = 500.0, 100
+	iv := shaper.Limit(limit).Interval()
+	s := &stallingSink{stall: map[int]bool{n - 3: true, n - 2: true}, stalling: make(chan struct{}, 2),
+		release: make(chan struct{}), slowWrite: 400 * time.Microsecond}
+	l, src := startPreciseLane(t, s, limit, n, 5*time.Second)
+	for range 2 {
+		select {
+		case <-s.stalling:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the stalled requests never came")
+		}
+	}
+	writes := drainPastTheLoop(t, l, src, s, n, 100*time.Millisecond)
+	a, b := writes[n-2], writes[n-1]
+	if !a.stalled || !b.stalled {
+		t.Fatalf("the last two writes are %s and %s, not the stalled requests", a.id, b.id)
+	}
+	floor := time.Duration(math.Ceil(shaper.DefaultMinSpacing * float64(iv)))
+	if gap := b.opened.Sub(a.wired); gap < floor {
+		t.Errorf("the second stalled request was written %v after the first one's report, under min_spacing × interval = %v", gap, floor)
+	}
+}
+
+// TestLaneGateHoldsAtMostMaxWireWait: a request that departed at 1,000/s
+// and comes to its gate after the rate fell to 0.1/s (a reload while it
+// dialled) is held for min spacing at the wire (Lane.gateAt) at most
+// maxWireWait, not min_spacing intervals of the new rate (9.5 s, past its
+// task timeout; found by review).
+func TestLaneGateHoldsAtMostMaxWireWait(t *testing.T) {
+	l, cfg := newGatedLane(t, 1000)
+	now := time.Now()
+	prev := &shaper.Message{Subject: "jobs", Departed: now.Add(-time.Millisecond)}
+	m := &shaper.Message{Subject: "jobs", Departed: now}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pacer.Depart(prev.Departed, prev.Departed)
+	l.pacer.Wire(prev.Departed, now, true)
+	cfg.Rate.Limit = 0.1
+	l.pacer.SetConfig(pacerConfig(cfg), now)
+	if at := l.gateAt(m, now); at.Sub(now) > maxWireWait {
+		t.Errorf("the gate holds the request %v, want at most maxWireWait (%v)", at.Sub(now), maxWireWait)
+	} else if at.Sub(now) < maxWireWait {
+		t.Errorf("the gate holds the request %v, want maxWireWait (%v): the spacing of 0.1/s is further", at.Sub(now), maxWireWait)
+	}
+}
+
+// newGatedLane builds a lane at limit (no warmup, not started) whose sink
+// gates its writes, and returns it with its config; its source is closed
+// at the test's end.
+func newGatedLane(t *testing.T, limit float64) (*Lane, config.Lane) {
+	t.Helper()
+	cfg := laneConfig(limit)
+	cfg.Rate.Warmup = config.Warmup{ColdFactor: 1}
+	src := sourcetest.NewMem(cfg.Source.AckWait)
+	t.Cleanup(src.Close)
+	l, err := New("test", cfg, src, &gatingSink{gates: true}, WithWaiter(NewPreciseWaiter()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, cfg
+}
+
+// drainPastTheLoop drains l with a context of drainFor, releases s's stalled
+// requests once the departure loop ended (the drain's time ran out), waits
+// for the drain, checks that all n messages were acked, and returns s's
+// writes in the order they were written.
+func drainPastTheLoop(t *testing.T, l *Lane, src *sourcetest.Mem, s *stallingSink, n int, drainFor time.Duration) []gateWrite {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), drainFor)
+	defer cancel()
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		l.Drain(ctx)
+	}()
+	<-l.departDone
+	close(s.release)
+	<-drained
+	if got := src.Count(sourcetest.Acked); got != n {
+		t.Fatalf("%d acked, want %d", got, n)
+	}
+	return s.byWrite(t, n)
 }

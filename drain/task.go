@@ -20,7 +20,10 @@ func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 		if l.unwired == m {
 			l.unwired = nil
 		}
-		delete(l.ot.set, m) // overtaken, and ended before its gate (gate.go)
+		delete(l.ot.set, m)  // overtaken, and ended before its gate (gate.go)
+		if l.spaced.m == m { // held at its gate, never reported (gateAt)
+			l.spaced.m, l.spaced.by = nil, 0
+		}
 		l.mu.Unlock()
 		if l.gatesWire {
 			notify(l.ot.taskEnded) // a drain's departure loop waits for the last one
