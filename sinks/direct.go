@@ -49,6 +49,7 @@ type directConn struct {
 	net.Conn
 	br       *bufio.Reader
 	loopback bool
+	sent     *sentProbe // what of a write is not yet sent (sent_linux.go)
 }
 
 func newDirect(maxIdle int) *direct {
@@ -122,6 +123,7 @@ func (d *direct) roundTrip(req *http.Request, wt *wireTrace) (*http.Response, er
 	}
 	var resp *http.Response
 	if _, err = c.Write(buf.Bytes()); err == nil {
+		c.sent.awaitSent(ctx, buf.Len()) // its first byte on the wire, not only in the send queue
 		wt.report(time.Now(), c.loopback)
 		resp, err = http.ReadResponse(c.br, req)
 		for interim := 0; err == nil && isInterim(resp.StatusCode); interim++ {
@@ -200,7 +202,7 @@ func (d *direct) get(ctx context.Context, addr string) (*directConn, error) {
 		return nil, err
 	}
 	tcp, _ := nc.RemoteAddr().(*net.TCPAddr)
-	return &directConn{Conn: nc, br: bufio.NewReaderSize(nc, 4096), loopback: tcp != nil && tcp.IP.IsLoopback()}, nil
+	return &directConn{Conn: nc, br: bufio.NewReaderSize(nc, 4096), loopback: tcp != nil && tcp.IP.IsLoopback(), sent: newSentProbe(nc)}, nil
 }
 
 // put keeps c for the next request to addr, or closes it when the pool is

@@ -283,6 +283,7 @@ type wireConn struct {
 	// loopback: the peer is on this host's loopback, where the kernel
 	// stamps a segment's arrival inside the write that sends it.
 	loopback bool
+	sent     *sentProbe // what of a write is not yet sent (sent_linux.go)
 }
 
 func (c *wireConn) Write(b []byte) (int, error) {
@@ -296,6 +297,7 @@ func (c *wireConn) Write(b []byte) (int, error) {
 	}
 	n, err := c.Conn.Write(b)
 	if t := c.pending.Swap(nil); t != nil && err == nil {
+		c.sent.awaitSent(t.ctx, n) // its first byte on the wire, not only in the send queue
 		t.report(time.Now(), t.exact)
 	}
 	return n, err
@@ -308,7 +310,7 @@ func wireDialer(d *net.Dialer) func(ctx context.Context, network, addr string) (
 			return nil, err
 		}
 		tcp, _ := c.RemoteAddr().(*net.TCPAddr)
-		return &wireConn{Conn: c, loopback: tcp != nil && tcp.IP.IsLoopback()}, nil
+		return &wireConn{Conn: c, loopback: tcp != nil && tcp.IP.IsLoopback(), sent: newSentProbe(c)}, nil
 	}
 }
 

@@ -24,6 +24,12 @@ import (
 // startStampedHTTPProcess (TestHTTPWireServerProcess).
 const envStampedHTTP = "SHAPER_TEST_HTTP_WIRE_SERVER"
 
+// envStampedEarly (a Go duration) makes the downstream process answer each
+// request as soon as it has its head, and read its body that long after,
+// with a 16 KiB receive buffer: a server that answers early and reads
+// slowly (startEarlyStampedHTTPProcess).
+const envStampedEarly = "SHAPER_TEST_HTTP_WIRE_SERVER_EARLY"
+
 // httpArrival is one request as the downstream process saw it.
 type httpArrival struct {
 	key string    // Idempotency-Key
@@ -68,6 +74,17 @@ func startStampedHTTPProcess(t testing.TB) *stampedHTTPProcess {
 	return &stampedHTTPProcess{testProcess: tp, addr: addr}
 }
 
+// startEarlyStampedHTTPProcess starts the downstream process in its early
+// mode (envStampedEarly): it answers each request once it has read the
+// head, and reads the body after readAfter. Each request's stamp is its
+// own: the body is read up to its end and no further, so the next
+// request's first byte starts the next read.
+func startEarlyStampedHTTPProcess(t testing.TB, readAfter time.Duration) *stampedHTTPProcess {
+	t.Helper()
+	tp, addr := startTestProcess(t, "downstream", "TestHTTPWireServerProcess", envStampedHTTP+"=1", envStampedEarly+"="+readAfter.String())
+	return &stampedHTTPProcess{testProcess: tp, addr: addr}
+}
+
 // URL is the URL of the downstream.
 func (p *stampedHTTPProcess) URL() string { return "http://" + p.addr + "/jobs" }
 
@@ -107,10 +124,14 @@ func TestHTTPWireServerProcess(t *testing.T) {
 	if os.Getenv(envStampedHTTP) == "" {
 		t.Skip("the downstream process of startStampedHTTPProcess")
 	}
+	early, _ := time.ParseDuration(os.Getenv(envStampedEarly))
 	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		if err := c.Control(func(fd uintptr) {
 			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1)
+			if serr == nil && early > 0 { // inherited by the accepted sockets
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 16<<10)
+			}
 		}); err != nil {
 			return err
 		}
@@ -128,7 +149,7 @@ func TestHTTPWireServerProcess(t *testing.T) {
 			if err != nil {
 				return
 			}
-			go serveStampedHTTP(c.(*net.TCPConn), conn, func(a httpArrival) {
+			go serveStampedHTTP(c.(*net.TCPConn), conn, early, func(a httpArrival) {
 				mu.Lock()
 				got = append(got, a)
 				mu.Unlock()
@@ -158,8 +179,10 @@ func b2i(b bool) int {
 
 // serveStampedHTTP serves the requests of one connection: head up to
 // CRLFCRLF, then Content-Length bytes of body, then 204. Each request is
-// recorded with the stamp of its first read (stampReader).
-func serveStampedHTTP(c *net.TCPConn, conn int, record func(httpArrival)) {
+// recorded with the stamp of its first read (stampReader). With early > 0
+// the 204 goes out once the head is read, and the body is read early later,
+// up to its end and no further.
+func serveStampedHTTP(c *net.TCPConn, conn int, early time.Duration, record func(httpArrival)) {
 	defer c.Close()
 	r, err := newStampReader(c)
 	if err != nil {
@@ -169,8 +192,8 @@ func serveStampedHTTP(c *net.TCPConn, conn int, record func(httpArrival)) {
 	chunk := make([]byte, 64<<10)
 	var cur httpArrival
 	reads := 0 // reads of the current request; -1: it began in the previous one's
-	fill := func() bool {
-		n, stamp, err := r.read(chunk)
+	fill := func(most int) bool {
+		n, stamp, err := r.read(chunk[:min(most, len(chunk))])
 		if n <= 0 {
 			return false
 		}
@@ -188,7 +211,7 @@ func serveStampedHTTP(c *net.TCPConn, conn int, record func(httpArrival)) {
 	for {
 		end := bytes.Index(buf, crlf2)
 		if end < 0 {
-			if !fill() {
+			if !fill(len(chunk)) {
 				return
 			}
 			continue
@@ -206,15 +229,23 @@ func serveStampedHTTP(c *net.TCPConn, conn int, record func(httpArrival)) {
 				cur.key = string(bytes.TrimSpace(value))
 			}
 		}
+		if early > 0 {
+			if _, err := c.Write([]byte("HTTP/1.1 204 No Content\r\n\r\n")); err != nil {
+				return
+			}
+			time.Sleep(early)
+		}
 		for len(buf) < end+4+length {
-			if !fill() {
+			if !fill(end + 4 + length - len(buf)) {
 				return
 			}
 		}
 		cur.oneRead = reads == 1
 		record(cur)
-		if _, err := c.Write([]byte("HTTP/1.1 204 No Content\r\n\r\n")); err != nil {
-			return
+		if early == 0 {
+			if _, err := c.Write([]byte("HTTP/1.1 204 No Content\r\n\r\n")); err != nil {
+				return
+			}
 		}
 		// HTTP/1.1 clients do not pipeline: nothing of the next request
 		// should be here yet. If something is, that request keeps this
