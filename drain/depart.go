@@ -454,12 +454,11 @@ func (l *Lane) expire(m *shaper.Message, now time.Time, maxAge time.Duration) {
 // wired moves the pacer's spacing anchor to when m's request really left
 // (shaper.WithWire; exact: see there) and wakes the departure loop to
 // re-read its time.
-func (l *Lane) wired(m *shaper.Message, t time.Time, exact bool) {
+func (l *Lane) wired(m *shaper.Message, g *taskGate, t time.Time, exact bool) {
 	l.mu.Lock()
 	var held time.Duration
-	if l.spaced.m == m { // its gate held it for min spacing (gateAt)
-		held = l.spaced.by
-		l.spaced.m, l.spaced.by = nil, 0
+	if g != nil { // its gate may have held it for min spacing (gateAt)
+		held, g.held = g.held, 0
 	}
 	moved := l.pacer.WireHeld(m.Departed, held, t, exact)
 	if moved {

@@ -141,10 +141,13 @@ type taskGate struct {
 	m     *shaper.Message
 	ctx   context.Context
 	early bool // the task started before its departure instant
+	// held is how long its gate held the write for min spacing at the
+	// wire (Lane.gateAt), for its report (Lane.wired); l.mu.
+	held time.Duration
 }
 
 // Wait returns at the departure instant of g's request (openGate).
-func (g *taskGate) Wait() { g.l.openGate(g.ctx, g.m) }
+func (g *taskGate) Wait() { g.l.openGate(g) }
 
 // Yield lets the next departures go without the request's write, and makes
 // its next Wait wait for a departure of its own.
@@ -191,14 +194,15 @@ func (l *Lane) yieldWire(m *shaper.Message) {
 	notify(l.wake)
 }
 
-// openGate is the gate of m's task (shaper.Gate.Wait): it returns at m's
-// departure instant, or, when m was overtaken, at the instant of a
-// departure of its own; at once when ctx (the task's) ends.
-func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
+// openGate is g's Wait (shaper.Gate): it returns at the departure instant
+// of its task's message, or, when that was overtaken, at the instant of a
+// departure of its own; at once when the task's context ends.
+func (l *Lane) openGate(g *taskGate) {
+	ctx, m := g.ctx, g.m
 	now := time.Now()
 	l.mu.Lock()
 	if _, over := l.ot.set[m]; !over {
-		at := l.gateAt(m, now)
+		at := l.gateAt(g, now)
 		start := now // when its write starts
 		if at.After(start) {
 			start = at
@@ -232,7 +236,7 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 	}
 	l.mu.Lock()
 	if r.taken {
-		at := l.gateAt(m, time.Now())
+		at := l.gateAt(g, time.Now())
 		l.mu.Unlock()
 		l.gate.wait(ctx, at)
 		return
@@ -267,7 +271,7 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 		at = f
 	}
 	prev := l.recordDeparture(m, at, at)
-	at = l.gateAt(m, now)
+	at = l.gateAt(g, now)
 	l.mu.Unlock()
 	l.m.Overtaken.Inc()
 	l.countDeparture(m, prev, m.Departed, m.Departed)
@@ -276,14 +280,16 @@ func (l *Lane) openGate(ctx context.Context, m *shaper.Message) {
 	w.Unbind()
 }
 
-// gateAt is when m's gate opens, its task at the gate at now: its
-// departure instant, or later, min_spacing intervals after the previous
-// request's wire report (shaper.Pacer.WireSpacing: SPEC G1's spacing at the
-// downstream, up to SpacingMaxRate). A hold past when the write could
-// have begun is kept for m's report (wired), which counts m as having
-// departed that much later (shaper.Pacer.WireHeld). l.mu held.
-func (l *Lane) gateAt(m *shaper.Message, now time.Time) time.Time {
-	at := m.Departed
+// gateAt is when g opens, its task at the gate at now: the departure
+// instant of its message, or later, min_spacing intervals after the
+// previous request's wire report (shaper.Pacer.WireSpacing: SPEC G1's
+// spacing at the downstream, up to SpacingMaxRate). A hold past when the
+// write could have begun is kept in g for the report (wired), which counts
+// the request as having departed that much later (shaper.Pacer.WireHeld).
+// l.mu held.
+func (l *Lane) gateAt(g *taskGate, now time.Time) time.Time {
+	g.held = 0
+	at := g.m.Departed
 	s := l.pacer.WireSpacing(now)
 	if !s.After(at) {
 		return at
@@ -300,9 +306,7 @@ func (l *Lane) gateAt(m *shaper.Message, now time.Time) time.Time {
 	if most := could.Add(maxWireWait); s.After(most) {
 		s = most
 	}
-	if by := s.Sub(could); by > 0 {
-		l.spaced.m, l.spaced.by = m, by
-	}
+	g.held = max(0, s.Sub(could))
 	return s
 }
 

@@ -554,7 +554,7 @@ func TestLaneDepartureLooksAgainAtAWriteUnderWay(t *testing.T) {
 	if at.After(now) {
 		t.Fatalf("departureAt held the departure %v: the wait for the write should be over", at.Sub(now))
 	}
-	l.openGate(context.Background(), held) // its connection came: the write starts
+	l.openGate(&taskGate{l: l, m: held, ctx: context.Background()}) // its connection came: the write starts
 	if m, _ := l.popDeliverable(now); m != nil {
 		l.mu.Unlock()
 		t.Fatal("a departure left while the previous request was being written")
@@ -610,7 +610,7 @@ func TestOvertakenQueueInAdmissionOrder(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, i := range []int{2, 0, 3, 1} { // the order of the gates
 		wg.Add(1)
-		go func() { defer wg.Done(); l.openGate(ctx, msgs[i]) }()
+		go func() { defer wg.Done(); l.openGate(&taskGate{l: l, m: msgs[i], ctx: ctx}) }()
 		for !l.hasQueued(msgs[i]) { // at its gate before the next one comes
 			time.Sleep(time.Millisecond)
 		}
@@ -721,7 +721,7 @@ func TestLaneGateHoldsAtMostMaxWireWait(t *testing.T) {
 	l.pacer.Wire(prev.Departed, now, true)
 	cfg.Rate.Limit = 0.1
 	l.pacer.SetConfig(pacerConfig(cfg), now)
-	if at := l.gateAt(m, now); at.Sub(now) > maxWireWait {
+	if at := l.gateAt(&taskGate{l: l, m: m}, now); at.Sub(now) > maxWireWait {
 		t.Errorf("the gate holds the request %v, want at most maxWireWait (%v)", at.Sub(now), maxWireWait)
 	} else if at.Sub(now) < maxWireWait {
 		t.Errorf("the gate holds the request %v, want maxWireWait (%v): the spacing of 0.1/s is further", at.Sub(now), maxWireWait)
@@ -764,4 +764,43 @@ func drainPastTheLoop(t *testing.T, l *Lane, src *sourcetest.Mem, s *stallingSin
 		t.Fatalf("%d acked, want %d", got, n)
 	}
 	return s.byWrite(t, n)
+}
+
+// TestLaneWiredTellsTheHold: the hold of a request's gate for min spacing
+// (Lane.gateAt, kept in its taskGate) goes with its wire report to the
+// pacer (Lane.wired, shaper.Pacer.WireHeld), so that the usual delay from
+// departure to wire does not learn it: after 20 requests held 1 ms each,
+// written 50 µs after their gates like the 200 before, the next departure
+// keeps min_spacing from the last report less those 50 µs. Learned as
+// delay, the usual delay grew past 500 µs, and the next departure came
+// that much earlier against the report.
+func TestLaneWiredTellsTheHold(t *testing.T) {
+	const limit = 200.0
+	iv := shaper.Limit(limit).Interval()
+	l, _ := newGatedLane(t, limit)
+	at := time.Now()
+	var last time.Time
+	for k := range 220 {
+		m := &shaper.Message{Subject: "jobs"}
+		l.mu.Lock()
+		at = l.pacer.Next(at)
+		l.recordDeparture(m, at, at)
+		l.mu.Unlock()
+		g := &taskGate{l: l, m: m}
+		if k >= 200 {
+			g.held = time.Millisecond
+		}
+		last = at.Add(g.held + 50*time.Microsecond)
+		l.wired(m, g, last, true)
+		if g.held != 0 {
+			t.Fatal("the hold was not taken with the report")
+		}
+	}
+	l.mu.Lock()
+	next := l.pacer.Next(last)
+	l.mu.Unlock()
+	want := last.Add(-50 * time.Microsecond).Add(time.Duration(shaper.DefaultMinSpacing * float64(iv)))
+	if d := next.Sub(want); d.Abs() > 2*time.Microsecond {
+		t.Errorf("the next departure is %v off the last report − 50 µs + min_spacing intervals: the holds were learned as delay", d)
+	}
 }

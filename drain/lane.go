@@ -93,15 +93,9 @@ type Lane struct {
 	// lane is not on the shared schedule: the departure loop may release
 	// tasks a lead early (gate.go).
 	gatesWire bool
-	gate      writeGate // the departure instants' gate (gate.go)
-	ot        overtakes // requests overtaken before their write (gate.go)
-	// spaced is the request whose gate held its write for min spacing at
-	// the wire (Lane.gateAt), and by how long, until its report (l.mu).
-	spaced struct {
-		m  *shaper.Message
-		by time.Duration
-	}
-	wake chan struct{} // pacer changed (pause)
+	gate      writeGate     // the departure instants' gate (gate.go)
+	ot        overtakes     // requests overtaken before their write (gate.go)
+	wake      chan struct{} // pacer changed (pause)
 	// lastDeparture is the time of the previous departure (gap metric);
 	// only the departure loop touches it.
 	lastDeparture time.Time

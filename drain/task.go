@@ -20,10 +20,7 @@ func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 		if l.unwired == m {
 			l.unwired = nil
 		}
-		delete(l.ot.set, m)  // overtaken, and ended before its gate (gate.go)
-		if l.spaced.m == m { // held at its gate, never reported (gateAt)
-			l.spaced.m, l.spaced.by = nil, 0
-		}
+		delete(l.ot.set, m) // overtaken, and ended before its gate (gate.go)
 		l.mu.Unlock()
 		if l.gatesWire {
 			notify(l.ot.taskEnded) // a drain's departure loop waits for the last one
@@ -46,12 +43,14 @@ func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 	tctx := newTaskContext(start.Add(l.conf().Task.Timeout))
 	var ctx context.Context = tctx
 	if l.reportsWire { // only a WireReporter calls it (a closure and a context value per task otherwise)
-		ctx = shaper.WithWire(ctx, func(t time.Time, exact bool) { l.wired(m, t, exact) })
+		var g *taskGate // its hold for min spacing goes with the report (wired)
+		ctx = shaper.WithWire(ctx, func(t time.Time, exact bool) { l.wired(m, g, t, exact) })
 		// A task released a lead before m.Departed waits for it at the
 		// write (gate.go); at every rate an overtaken request waits there
 		// for a departure of its own.
 		if l.gatesWire {
-			ctx = shaper.WithGate(ctx, &taskGate{l: l, m: m, ctx: ctx, early: start.Before(m.Departed)})
+			g = &taskGate{l: l, m: m, ctx: ctx, early: start.Before(m.Departed)}
+			ctx = shaper.WithGate(ctx, g)
 		}
 	}
 	ctx = l.withRateLimitReport(ctx) // rate.adaptive.headers (adaptive.go)

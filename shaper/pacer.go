@@ -558,8 +558,11 @@ func (p *Pacer) Wire(departed, wired time.Time, exact bool) bool {
 // TestPacerWireSpacing, TestLaneGateKeepsSpacingAtTheWire,
 // TestHTTPWireRate (asserts the spacing at the kernel stamps).
 func (p *Pacer) WireSpacing(now time.Time) time.Time {
+	if !p.floored() || p.wireLast.IsZero() {
+		return time.Time{}
+	}
 	iv := p.interval(now)
-	if !p.floored() || iv < time.Second/SpacingMaxRate || p.wireLast.IsZero() {
+	if iv < time.Second/SpacingMaxRate {
 		return time.Time{}
 	}
 	// Rounded up: a floor a nanosecond early is not a floor.
