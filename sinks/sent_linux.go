@@ -66,22 +66,22 @@ func newSentProbe(c net.Conn) *sentProbe {
 // byte within maxWireWait: after that the lane departs the next request
 // without the report (G5).
 func (p *sentProbe) awaitSent(ctx context.Context, n int) {
-	if p == nil {
+	if p == nil || p.sent(n) {
 		return
 	}
-	var deadline time.Time
-	for {
-		if err := p.rc.Control(p.look); err != nil || p.unsent < n {
-			return
-		}
-		now := time.Now()
-		if deadline.IsZero() {
-			deadline = now.Add(maxUnsentWait)
-		} else if !now.Before(deadline) || ctx.Err() != nil {
-			return
-		}
+	deadline := time.Now().Add(maxUnsentWait)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(unsentPoll)
+		if p.sent(n) {
+			return
+		}
 	}
+}
+
+// sent reports whether the first of the last n bytes written has left the
+// send queue (or the queue cannot be read).
+func (p *sentProbe) sent(n int) bool {
+	return p.rc.Control(p.look) != nil || p.unsent < n
 }
 
 // maxUnsentWait bounds awaitSent: the lane departs the next request after
