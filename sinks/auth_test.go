@@ -342,14 +342,7 @@ func TestOAuth2ShortTokensUnderLane(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lane.Start()
-	deadline := time.Now().Add(3 * seconds * time.Second)
-	for src.settled() < n && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	lane.Drain(dctx)
-	cancel()
+	driveLane(lane, src, n, 3*seconds*time.Second)
 
 	ok, bad, _ := down.counts()
 	if got := src.acked.Load(); got != n || ok != n || bad != 0 {

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/shaper-dev/shaper/config"
 	"github.com/shaper-dev/shaper/drain"
 	"github.com/shaper-dev/shaper/metrics"
 	"github.com/shaper-dev/shaper/shaper"
@@ -169,13 +170,40 @@ func TestHTTPWireRate(t *testing.T) {
 				}
 			}
 			iv := time.Second / time.Duration(tc.limit)
-			spacing := time.Duration(math.Ceil(r.minSpacing * float64(iv)))
-			if floor := spacing - spacing/2000; r.minGap < floor { // NTP's slew, 500 ppm
-				check(true, fmt.Sprintf("two requests reached the downstream %v apart (at +%v), under min_spacing %.2f × %v = %v (less 500 ppm for the clocks: %v)",
-					r.minGap, r.minGapAt.Sub(r.stamps[0]).Round(time.Microsecond), r.minSpacing, iv, spacing, floor))
+			if floor := spacingFloor(r.minSpacing, iv); r.minGap < floor {
+				check(true, fmt.Sprintf("two requests reached the downstream %v apart (at +%v), under min_spacing %.2f × %v (less 500 ppm for the clocks: %v)",
+					r.minGap, r.minGapAt.Sub(r.stamps[0]).Round(time.Microsecond), r.minSpacing, iv, floor))
 			}
 		})
 	}
+}
+
+// newHTTPLane builds a lane on cfg over src into an HTTP sink of hc (its
+// keep-alive pool max_in_flight connections), with metrics of its own; the
+// sink is closed at the test's end.
+func newHTTPLane(t *testing.T, cfg config.Lane, src drain.Source, hc sinks.HTTPConfig) (*drain.Lane, *sinks.HTTP, *metrics.Lane) {
+	t.Helper()
+	sink, err := sinks.NewHTTP(hc, sinks.WithMaxIdleConnsPerHost(cfg.Task.MaxInFlight))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sink.Close() })
+	lm := metrics.New(prometheus.NewRegistry()).Lane("wire", float64(cfg.Rate.Limit))
+	lane, err := drain.New("wire", cfg, src, sink, drain.WithMetrics(lm))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lane, sink, lm
+}
+
+// spacingFloor is how close two consecutive requests may come at the
+// downstream's kernel stamps under min_spacing ms at the interval iv: ms
+// intervals, rounded up as the gate rounds them (shaper.Pacer.WireSpacing),
+// less 500 ppm, what NTP may slew the stamps' clock (CLOCK_REALTIME)
+// against the gate's monotonic one. That is the only tolerance.
+func spacingFloor(ms float64, iv time.Duration) time.Duration {
+	spacing := time.Duration(math.Ceil(ms * float64(iv)))
+	return spacing - spacing/2000
 }
 
 // envHTTPWireHi turns on TestHTTPWireRateHigh and the assertions of
@@ -280,14 +308,7 @@ func runHTTPWire(t *testing.T, limit, maxInFlight int, seconds float64) *httpWir
 	probeCtx, stopProbe := context.WithCancel(context.Background())
 	probe := startLoopbackProbe(probeCtx, t, down.addr)
 	cpu0 := processCPU()
-	lane.Start()
-	deadline := time.Now().Add(time.Duration(3*seconds*float64(time.Second)) + 10*time.Second)
-	for src.settled() < n && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	sum := lane.Drain(dctx)
-	dcancel()
+	sum := driveLane(lane, src, n, time.Duration(3*seconds*float64(time.Second))+10*time.Second)
 	cpu := processCPU() - cpu0
 	stopProbe()
 	probeWrites := probe.wait()
@@ -625,9 +646,8 @@ func pick(ts []time.Time, idx []int) []time.Time {
 // when it comes they do not reach the downstream together: each yields
 // (shaper.Gate.Yield, sinks/auth.go) and is written on a departure of its
 // own (drain/gate.go). At the downstream process's kernel receive stamps,
-// no two requests are closer than min_spacing × the interval (less the
-// usual delay from a departure to its write, which the spacing floor's
-// anchor subtracts: 1 ms here is 50 times what it is). Before, the 8
+// no two requests are closer than min_spacing × the interval (spacingFloor:
+// the gate holds each write for it, shaper.Pacer.WireSpacing). Before, the 8
 // requests that waited (max_in_flight) reached the downstream within
 // about a millisecond.
 func TestOAuth2FirstTokenKeepsSpacing(t *testing.T) {
@@ -641,24 +661,8 @@ func TestOAuth2FirstTokenKeepsSpacing(t *testing.T) {
 	down := startStampedHTTPProcess(t)
 	cfg := wireLaneConfig(t, limit, 8)
 	src := newMemSource(n)
-	sink, err := sinks.NewHTTP(sinks.HTTPConfig{URL: down.URL(), Auth: oauthConfig(ts)}, sinks.WithMaxIdleConnsPerHost(8))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sink.Close() })
-	lm := metrics.New(prometheus.NewRegistry()).Lane("oauth", limit)
-	lane, err := drain.New("oauth", cfg, src, sink, drain.WithMetrics(lm))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lane.Start()
-	deadline := time.Now().Add(30 * time.Second)
-	for src.settled() < n && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	lane.Drain(dctx)
-	cancel()
+	lane, sink, lm := newHTTPLane(t, cfg, src, sinks.HTTPConfig{URL: down.URL(), Auth: oauthConfig(ts)})
+	driveLane(lane, src, n, 30*time.Second)
 	_ = sink.Close()
 	arrived, err := down.Stop()
 	if err != nil {
@@ -668,7 +672,7 @@ func TestOAuth2FirstTokenKeepsSpacing(t *testing.T) {
 		t.Fatalf("%d of %d acked (%d nak'd), %d requests at the downstream", got, n, src.nacked.Load(), len(arrived))
 	}
 	slices.SortFunc(arrived, func(a, b httpArrival) int { return a.at.Compare(b.at) })
-	floor := time.Duration(shaper.DefaultMinSpacing*float64(iv)) - time.Millisecond
+	floor := spacingFloor(shaper.DefaultMinSpacing, iv)
 	for i := 1; i < len(arrived); i++ {
 		if arrived[i].unstamped {
 			t.Fatalf("request %s has no kernel stamp", arrived[i].key)

@@ -131,14 +131,7 @@ func runWireRate(t *testing.T, limit, maxInFlight int, seconds float64) {
 		t.Fatal(err)
 	}
 	cpu0 := processCPU()
-	lane.Start()
-	deadline := time.Now().Add(time.Duration(3*seconds*float64(time.Second)) + 10*time.Second)
-	for src.settled() < n && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	sum := lane.Drain(dctx)
-	dcancel()
+	sum := driveLane(lane, src, n, time.Duration(3*seconds*float64(time.Second))+10*time.Second)
 	cpu := processCPU() - cpu0
 	_ = sink.Close()
 	nc.Close()
@@ -463,4 +456,18 @@ func (c *recordedConn) Write(b []byte) (int, error) {
 		c.r.mu.Unlock()
 	}
 	return n, err
+}
+
+// driveLane starts lane, waits until src has settled all n messages (or
+// until wait has passed), and drains it (10 s at most); it returns the
+// drain's summary.
+func driveLane(lane *drain.Lane, src *memSource, n int, wait time.Duration) drain.Summary {
+	lane.Start()
+	deadline := time.Now().Add(wait)
+	for src.settled() < n && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return lane.Drain(ctx)
 }
