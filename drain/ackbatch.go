@@ -74,11 +74,7 @@ func (b *ackBatch) add(m *shaper.Message, now time.Time) {
 	due := len(b.q) >= ackBatchMax || now.Sub(b.first) >= ackBatchDelay
 	if !due && !b.armed {
 		b.armed = true
-		if b.timer == nil {
-			b.timer = time.AfterFunc(ackBatchLate, b.flush)
-		} else {
-			b.timer.Reset(ackBatchLate)
-		}
+		armTimer(&b.timer, ackBatchLate, b.flush)
 	}
 	b.mu.Unlock()
 	if due {

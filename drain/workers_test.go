@@ -39,10 +39,10 @@ func TestLaneTasksReuseWorkers(t *testing.T) {
 }
 
 // TestWorkerIdleExit: a worker exits once it has been idle for workerIdle,
-// counted from the end of its last task (the timer is not reset per task,
-// workers.go): tasks 0.6 s apart keep one worker, tasks 1.5 s apart start
-// one each, and after a 3 s task (the idle timer fired during it) and 1.5 s
-// without one the worker is gone.
+// counted from the end of its last task (the pool's one timer ends the
+// workers idle that long, workers.go): tasks 0.6 s apart keep one worker,
+// tasks 1.5 s apart start one each, and after a 3 s task and 1.5 s without
+// one the worker is gone.
 func TestWorkerIdleExit(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -56,6 +56,8 @@ func TestWorkerIdleExit(t *testing.T) {
 		{"1.5 s apart", 1 / 1.5, 4, 0, 7 * time.Second, 4},
 		{"1.5 s after a 3 s task", 1 / 4.5, 2, 3 * time.Second, 6 * time.Second, 2},
 	} {
+		// Every case's last task ended over a second before the span's
+		// end: by then every worker has ended, without Drain.
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				cfg := laneConfig(tc.limit)
@@ -72,6 +74,9 @@ func TestWorkerIdleExit(t *testing.T) {
 				h.lane.Start()
 				time.Sleep(tc.span)
 				synctest.Wait()
+				if started, ended := h.lane.workers.started.Load(), h.lane.workers.ended.Load(); ended != started {
+					t.Fatalf("%d of %d workers ended after a second idle, want all (the rest would hold Drain)", ended, started)
+				}
 				h.stop(time.Second)
 				if n := len(sink.snapshot()); n != tc.msgs {
 					t.Fatalf("%d delivered, want %d", n, tc.msgs)
