@@ -121,11 +121,11 @@ const fetchWarnEvery = 10 * time.Second
 // a few round trips (minPull to 1,000 in 6; the loop pulls again at once
 // after such a pull, below the low-water mark too), and a quiet lane asks
 // for little. nats.go's Fetch allocates, for every pull, a channel of 16
-// bytes per message asked for and one of 8 bytes for twice as many; a
-// quiet lane renews its pull every sources.FetchExpiry, and asking for the
-// whole free bucket (1,000 slots by default) made those channels most of
-// an idle daemon's CPU: 32 KB a lane a second to allocate, zero and
-// collect (perf, docs/performance.md, session 29).
+// bytes per message asked for (v1.55 also one of 8 bytes for twice as
+// many); a quiet lane renews its pull every sources.FetchExpiry, and asking
+// for the whole free bucket (1,000 slots by default) made those channels
+// most of an idle daemon's CPU: 32 KB a lane a second to allocate, zero and
+// collect with v1.55 (perf, docs/performance.md, session 29).
 const minPull = 32
 
 func nextPull(got int) int { return max(minPull, 2*got) }

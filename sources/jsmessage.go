@@ -300,7 +300,7 @@ func (jm *jsMessage) reply() string {
 }
 
 // The acknowledgements are the bodies nats.go's jetstream.Msg publishes to
-// the message's ack subject (jetstream/message.go ackReply, nats.go v1.55:
+// the message's ack subject (jetstream/message.go ackReply, nats.go v1.55 and v1.56:
 // "+ACK", "-NAK", `-NAK {"delay": <ns>}`, "+WPI", "+TERM <reason>"),
 // fire-and-forget as Msg.Ack sends them. Keeping these few bytes instead of
 // the jetstream.Msg is what lets its nats.go structures go (see above).

@@ -181,7 +181,7 @@ func TestAckPrefix(t *testing.T) {
 // TestParseAck: the two forms an ack route rebuilds are read in one pass
 // as nats.go reads them, with the prefix ackPrefix cuts; every other
 // subject is left to nats.go (jetstream.Msg.Metadata). The reference is the
-// form's definition, token by token (nats.go internal/parser, v1.55).
+// form's definition, token by token (nats.go internal/parser, v1.55 and v1.56).
 func TestParseAck(t *testing.T) {
 	n := ackNumbers{2, 17, 5, 1764600000000000001, 9}
 	for _, tc := range []struct {
