@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"math"
 	"os"
 	"slices"
@@ -305,5 +306,35 @@ func TestCPUPairsMedian(t *testing.T) {
 	}
 	if got := (cpuPairs{}).median(); got != 0 {
 		t.Errorf("no pairs: %v, want 0", got)
+	}
+}
+
+// TestThrPaired: section 3's lines are judged on shares taken repetition
+// by repetition (the ceiling and the lane of the same repetition), not on
+// the ratio of the medians; a repetition with an error is left out.
+func TestThrPaired(t *testing.T) {
+	us := time.Microsecond
+	rep := func(rate float64, cpu time.Duration) endToEnd { return endToEnd{perSecond: rate, cpuPerMsg: cpu} }
+	rows := []thrRow{
+		{name: "ceiling", reps: []endToEnd{rep(200, 7*us), rep(200, 8*us), rep(100, 9*us), rep(200, 7*us)}},
+		{name: "fetch"},
+		{name: "lane", reps: []endToEnd{rep(180, 8*us), rep(190, 10*us), rep(100, 9*us), {perSecond: 150, cpuPerMsg: 9 * us, err: errors.New("boom")}}},
+	}
+	rate, cpu := thrPaired(rows)
+	if len(rate) != 3 || len(cpu) != 3 {
+		t.Fatalf("%d and %d shares, want 3 each (the failed repetition left out)", len(rate), len(cpu))
+	}
+	for i, want := range []float64{90, 95, 100} {
+		if math.Abs(rate[i]-want) > 1e-9 {
+			t.Errorf("repetition %d: rate share %.2f %%, want %.2f %%", i+1, rate[i], want)
+		}
+	}
+	for i, want := range []float64{87.5, 80, 100} {
+		if math.Abs(cpu[i]-want) > 1e-9 {
+			t.Errorf("repetition %d: CPU share %.2f %%, want %.2f %% (the ceiling's CPU over the lane's)", i+1, cpu[i], want)
+		}
+	}
+	if got := rows[0].medianCPU(); got != 7500*time.Nanosecond {
+		t.Errorf("median CPU of the ceiling %v, want 7.5µs (its own median, not the rate-median repetition's)", got)
 	}
 }

@@ -74,7 +74,7 @@ func planFor(quick bool) plan {
 		rates:       []float64{100, 1000, 10000, 50000},
 		judgeLimits: []float64{100, 1000},
 		thrMsgs:     50_000,
-		thrReps:     5,
+		thrReps:     9, // paired shares (thrPaired): a drift of the machine moves fewer of them
 		fixedRate:   1000,
 		fixedMsgs:   5000,
 		fixedPairs:  5, // with the first pass (lane first), 3 runs of each order
@@ -153,6 +153,36 @@ func (t thrRow) median() endToEnd {
 		return 0
 	})
 	return r[len(r)/2]
+}
+
+// medianCPU is the median of the repetitions' CPU per message.
+func (t thrRow) medianCPU() time.Duration {
+	var xs []time.Duration
+	for _, r := range t.reps {
+		xs = append(xs, r.cpuPerMsg)
+	}
+	return medianOf(xs)
+}
+
+// thrPaired returns, for every repetition in which the ceiling (rows[0],
+// the bare Consume + Ack) and shaper's lane (rows[2]) both ran without an
+// error, the lane's msgs/s as a share of the ceiling's and the ceiling's
+// CPU per message as a share of the lane's, in per cent: the two lines of
+// issue 15, each from contenders run back to back.
+func thrPaired(rows []thrRow) (rate, cpu []float64) {
+	if len(rows) < 3 {
+		return nil, nil
+	}
+	ceil, lane := rows[0].reps, rows[2].reps
+	for i := range min(len(ceil), len(lane)) {
+		c, s := ceil[i], lane[i]
+		if c.err != nil || s.err != nil || c.perSecond <= 0 || s.cpuPerMsg <= 0 {
+			continue
+		}
+		rate = append(rate, 100*s.perSecond/c.perSecond)
+		cpu = append(cpu, 100*float64(c.cpuPerMsg)/float64(s.cpuPerMsg))
+	}
+	return rate, cpu
 }
 
 func (t thrRow) spread() (lo, hi float64) {
