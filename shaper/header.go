@@ -27,11 +27,19 @@ import (
 // PackHeader stores h in m in packed form and sets m.Header to nil. The
 // strings of h are copied into one allocation, so h may be reused. An empty
 // or nil h leaves m without headers.
+//
+// The map is walked once, into pairs on the stack (up to 8 without an
+// allocation): starting a walk of a Go map is most of the cost of packing
+// one header, and a second walk to size the string cost a message 1 % of
+// the process's CPU at full speed (issue 15, throughput).
 func (m *Message) PackHeader(h map[string][]string) {
 	m.Header, m.packed = nil, ""
+	var small [8][2]string
+	pairs := small[:0]
 	n := 0
 	for k, vs := range h {
 		for _, v := range vs {
+			pairs = append(pairs, [2]string{k, v})
 			n += uvarintLen(len(k)) + len(k) + uvarintLen(len(v)) + len(v)
 		}
 	}
@@ -41,13 +49,11 @@ func (m *Message) PackHeader(h map[string][]string) {
 	var b strings.Builder // one allocation of exactly n bytes; String does not copy
 	b.Grow(n)
 	var lb [binary.MaxVarintLen64]byte
-	for k, vs := range h {
-		for _, v := range vs {
-			b.Write(binary.AppendUvarint(lb[:0], uint64(len(k))))
-			b.WriteString(k)
-			b.Write(binary.AppendUvarint(lb[:0], uint64(len(v))))
-			b.WriteString(v)
-		}
+	for _, kv := range pairs {
+		b.Write(binary.AppendUvarint(lb[:0], uint64(len(kv[0]))))
+		b.WriteString(kv[0])
+		b.Write(binary.AppendUvarint(lb[:0], uint64(len(kv[1]))))
+		b.WriteString(kv[1])
 	}
 	m.packed = b.String()
 }

@@ -1,7 +1,9 @@
 package shaper
 
 import (
+	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -105,5 +107,20 @@ func TestPackedHeaderSize(t *testing.T) {
 	// The lane reads the timing headers of every admitted message.
 	if allocs := testing.AllocsPerRun(100, func() { _, _ = TimingOfMessage(&m) }); allocs != 0 {
 		t.Errorf("TimingOfMessage without timing headers: %v allocations, want 0", allocs)
+	}
+}
+
+// TestPackHeaderManyPairs: more pairs than PackHeader's stack array holds
+// (8) pack and unpack to the same headers.
+func TestPackHeaderManyPairs(t *testing.T) {
+	h := map[string][]string{}
+	for i := range 10 {
+		h[fmt.Sprintf("X-Key-%d", i)] = []string{fmt.Sprintf("a%d", i), fmt.Sprintf("b%d", i)}
+	}
+	var m Message
+	m.PackHeader(h)
+	m.UnpackHeader()
+	if !reflect.DeepEqual(map[string][]string(m.Header), h) {
+		t.Errorf("20 pairs: unpacked %v, want %v", m.Header, h)
 	}
 }

@@ -28,14 +28,12 @@ type heldSeqs struct {
 func (h *heldSeqs) add(seq uint64) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if _, ok := h.seqs[seq]; ok {
-		return false
-	}
 	if h.seqs == nil {
 		h.seqs = map[uint64]struct{}{}
 	}
-	h.seqs[seq] = struct{}{}
-	return true
+	n := len(h.seqs)
+	h.seqs[seq] = struct{}{} // one map operation per message, not a lookup and an insert
+	return len(h.seqs) > n
 }
 
 // settled forgets seq: its final verb was sent. A nil h does nothing.
