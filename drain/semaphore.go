@@ -54,21 +54,14 @@ func (s *semaphore) acquire(ctx context.Context, wake <-chan struct{}) (unfull t
 	}
 }
 
-// release frees a slot, now.
-func (s *semaphore) release() { s.releaseAt(time.Time{}) }
-
-// releaseAt frees a slot that its task freed at end (the zero time: now,
-// read only when all slots were taken). A task passes the clock read that
-// ended it (runTask), so that a lane at full speed, whose slots are all
-// taken at most releases, reads the clock once less per message (issue
-// 15, throughput).
-func (s *semaphore) releaseAt(end time.Time) {
+// release frees a slot. The instant it stamps (unfull) is read here, not
+// passed by the task: a task's end (Send's return) can come seconds before
+// its slot is free (settle may publish a dead letter, up to ackTimeout),
+// and readySince would take the work as ready that much too early.
+func (s *semaphore) release() {
 	s.mu.Lock()
 	if s.n == s.limit { // all were taken: one is free from now
-		if end.IsZero() {
-			end = time.Now()
-		}
-		s.unfull = end
+		s.unfull = time.Now()
 	}
 	s.n--
 	s.mu.Unlock()

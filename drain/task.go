@@ -26,7 +26,7 @@ func (l *Lane) runTask(m *shaper.Message) (end time.Time) {
 			notify(l.ot.taskEnded) // a drain's departure loop waits for the last one
 		}
 		l.m.InFlight.Dec()
-		l.slots.releaseAt(end) // the task's last clock read (semaphore.go)
+		l.slots.release()
 		l.tasks.Done()
 	}()
 	sink := l.sinkp.Load()

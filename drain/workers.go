@@ -115,7 +115,9 @@ func (p *workers) reap() {
 		p.idle[n] = nil
 		n++
 	}
-	p.idle = append(p.idle[:0], p.idle[n:]...)
+	left := copy(p.idle, p.idle[n:])
+	clear(p.idle[left:]) // the moved workers' old places
+	p.idle = p.idle[:left]
 	if len(p.idle) == 0 {
 		p.armed = false
 		return

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/shaper-dev/shaper/shaper"
 )
 
 // TestLaneTasksReuseWorkers: departures hand their tasks to the goroutines
@@ -87,4 +89,36 @@ func TestWorkerIdleExit(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestWorkersReapKeepsNoWorkerTwice: reaping the oldest idle worker ends it
+// (its channel closes), keeps the younger one, and leaves no copy of a
+// moved worker past the stack's end.
+func TestWorkersReapKeepsNoWorkerTwice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &workers{}
+		old := &worker{work: make(chan *shaper.Message, 1), since: time.Now()}
+		time.Sleep(600 * time.Millisecond)
+		young := &worker{work: make(chan *shaper.Message, 1), since: time.Now()}
+		p.idle = []*worker{old, young}
+		p.armed = true
+		p.reaper = time.AfterFunc(time.Hour, p.reap)
+		time.Sleep(500 * time.Millisecond) // old idle 1.1 s, young 0.5 s
+		p.reap()
+		if _, open := <-old.work; open {
+			t.Error("the worker idle 1.1 s was not ended")
+		}
+		if len(p.idle) != 1 || p.idle[0] != young {
+			t.Fatalf("idle stack %v, want the younger worker alone", p.idle)
+		}
+		for i, w := range p.idle[len(p.idle):cap(p.idle)] {
+			if w != nil {
+				t.Errorf("a worker left past the stack's end, at %d", len(p.idle)+i)
+			}
+		}
+		p.mu.Lock()
+		p.stopped = true
+		p.reaper.Stop()
+		p.mu.Unlock()
+	})
 }
