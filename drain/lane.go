@@ -163,7 +163,6 @@ func New(name string, cfg config.Lane, src Source, sink Sink, opts ...Option) (*
 		houseStop:  make(chan struct{}),
 		houseDone:  make(chan struct{}),
 		houseNudge: make(chan struct{}, 1),
-		workers:    newWorkers(),
 	}
 	l.acks.send = l.sendAck
 	l.cfgp.Store(&cfg)

@@ -51,8 +51,6 @@ type worker struct {
 	since time.Time            // when its last task ended
 }
 
-func newWorkers() workers { return workers{} }
-
 // startTask runs m's task (runTask) on the worker that went idle last, or
 // on a new one.
 func (l *Lane) startTask(m *shaper.Message) {

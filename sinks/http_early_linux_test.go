@@ -4,8 +4,6 @@ package sinks_test
 
 import (
 	"bytes"
-	"math"
-	"slices"
 	"testing"
 	"time"
 
@@ -26,6 +24,13 @@ import (
 // downstream's reads set the pace). It holds while the downstream takes a
 // request's first byte within maxWireWait (50 ms), after which the lane
 // departs the next one without the report (G5).
+//
+// At 200/s every request goes through net/http's transport (wireConn). The
+// same wait on the task's own goroutine (direct.go, above SpacingMaxRate)
+// has no case here: at 2,000/s with 48 KiB bodies the windows at the
+// downstream broke without it (8 requests in 500 µs, bound 2) but came to
+// their bound with it, and once over it (3 in 500 µs; docs/performance.md,
+// session 35).
 func TestHTTPSpacingWithEarlyAnswers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a lane for a few seconds")
@@ -48,27 +53,9 @@ func TestHTTPSpacingWithEarlyAnswers(t *testing.T) {
 	if got := src.acked.Load(); got != n || len(arrived) != n {
 		t.Fatalf("%d of %d acked, %d arrived", got, n, len(arrived))
 	}
-	stamps := make([]time.Time, 0, n)
-	for _, a := range arrived {
-		if a.unstamped {
-			t.Fatalf("request %s has no kernel stamp", a.key)
-		}
-		stamps = append(stamps, a.at)
-	}
-	slices.SortFunc(stamps, time.Time.Compare)
 	floor := spacingFloor(0.95, time.Second/limit)
-	under, closest := 0, time.Duration(math.MaxInt64)
-	for i := 1; i < len(stamps); i++ {
-		gap := stamps[i].Sub(stamps[i-1])
-		closest = min(closest, gap)
-		if gap < floor {
-			under++
-		}
-	}
-	span := stamps[len(stamps)-1].Sub(stamps[0])
+	closest, under := checkSpacing(t, arrived, floor)
+	span := arrived[len(arrived)-1].at.Sub(arrived[0].at)
 	t.Logf("%d requests at %.1f/s at the downstream, the closest two %v apart (%.3f intervals), %d gaps under %v",
 		n, float64(n-1)/span.Seconds(), closest, float64(closest)/float64(time.Second/limit), under, floor)
-	if under > 0 {
-		t.Errorf("SPEC G1: %d of %d gaps at the downstream under min_spacing × interval (%v), the closest %v", under, n-1, floor, closest)
-	}
 }

@@ -671,29 +671,37 @@ func TestOAuth2FirstTokenKeepsSpacing(t *testing.T) {
 	if got := src.acked.Load(); got != n || len(arrived) != n {
 		t.Fatalf("%d of %d acked (%d nak'd), %d requests at the downstream", got, n, src.nacked.Load(), len(arrived))
 	}
-	slices.SortFunc(arrived, func(a, b httpArrival) int { return a.at.Compare(b.at) })
-	floor := spacingFloor(shaper.DefaultMinSpacing, iv)
-	for i := 1; i < len(arrived); i++ {
-		if arrived[i].unstamped {
-			t.Fatalf("request %s has no kernel stamp", arrived[i].key)
-		}
-		if gap := arrived[i].at.Sub(arrived[i-1].at); gap < floor {
-			t.Errorf("requests %s and %s reached the downstream %v apart (at +%v), under %v",
-				arrived[i-1].key, arrived[i].key, gap, arrived[i].at.Sub(arrived[0].at).Round(time.Millisecond), floor)
-		}
-	}
+	closest, _ := checkSpacing(t, arrived, spacingFloor(shaper.DefaultMinSpacing, iv))
 	yielded := testutil.ToFloat64(lm.Overtaken)
 	if yielded < 1 {
 		t.Errorf("shaper_departures_overtaken_total = %v: no request waited for the token on a departure of its own", yielded)
 	}
 	t.Logf("%d requests at %d/s, the first token after 300 ms: %d departed again after the token came; closest two at the downstream %v apart",
-		n, limit, int(yielded), minGap(arrived))
+		n, limit, int(yielded), closest)
 }
 
-func minGap(a []httpArrival) time.Duration {
-	best := time.Duration(1<<63 - 1)
-	for i := 1; i < len(a); i++ {
-		best = min(best, a[i].at.Sub(a[i-1].at))
+// checkSpacing sorts arrived by kernel stamp, fails the test for a request
+// without one, reports every two consecutive requests closer than floor
+// (SPEC G1's min spacing at the downstream), and returns the closest gap
+// and how many gaps were under floor.
+func checkSpacing(t *testing.T, arrived []httpArrival, floor time.Duration) (closest time.Duration, under int) {
+	t.Helper()
+	slices.SortFunc(arrived, func(a, b httpArrival) int { return a.at.Compare(b.at) })
+	closest = time.Duration(1<<63 - 1)
+	for i, a := range arrived {
+		if a.unstamped {
+			t.Fatalf("request %s has no kernel stamp", a.key)
+		}
+		if i == 0 {
+			continue
+		}
+		gap := a.at.Sub(arrived[i-1].at)
+		closest = min(closest, gap)
+		if gap < floor {
+			under++
+			t.Errorf("SPEC G1: requests %s and %s reached the downstream %v apart (at +%v), under min_spacing × interval (%v)",
+				arrived[i-1].key, a.key, gap, a.at.Sub(arrived[0].at).Round(time.Millisecond), floor)
+		}
 	}
-	return best
+	return closest, under
 }
